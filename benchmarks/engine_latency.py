@@ -1,0 +1,142 @@
+"""Latency of the engine's decide + stabilize phase on synthetic clusters of 100 to 10,000 jobs.
+
+Each case builds one observation (100 queues, elastic jobs of about 2 GPUs each, measured at a few
+sizes, with a steady-state memory of recent recommendations), warms the model cache (a steady
+state refits nothing), then times ``decide`` — triage, budgets, allocation, stabilization and the
+decisions' messages — over many runs. Prints a table; ``--json PATH`` writes the records.
+
+    python benchmarks/engine_latency.py --json benchmarks/out/engine_latency.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from scheduler_policy.engine import decide
+from scheduler_policy.model import (
+    JobKey,
+    JobPhase,
+    JobState,
+    Observation,
+    QueueName,
+    QueueState,
+    Recommendation,
+    ThroughputPoint,
+)
+from scheduler_policy.models_cache import ModelCache
+from scheduler_policy.policy import Defaults, ElasticPolicy, QueuePolicy
+
+NOW_S = 1_700_000_000.0
+
+
+def synthetic(jobs: int, queues: int, *, seed: int) -> tuple[Observation, ElasticPolicy]:
+    """A cluster with ``jobs`` elastic jobs spread over ``queues`` queues, ~2 GPUs per job."""
+    rng = np.random.default_rng(seed)
+    queue_names = [QueueName(f"q{i:03d}") for i in range(queues)]
+    per_queue_gpus = 2.4 * jobs / queues  # room for some growth, not for all
+    states = []
+    for i in range(jobs):
+        gpr = float(rng.choice([1.0, 2.0], p=[0.7, 0.3]))
+        current = int(rng.integers(1, 3)) if gpr == 1.0 else 1
+        sigma, kappa = float(rng.uniform(0.0, 0.2)), float(rng.uniform(0.0, 0.01))
+        sizes = sorted({current, max(1, current - 1), current + 1})
+        history = tuple(
+            ThroughputPoint(
+                NOW_S - 600 + k, n, 100.0 * n / (1 + sigma * (n - 1) + kappa * n * (n - 1))
+            )
+            for k, n in enumerate(sizes)
+        )
+        states.append(
+            JobState(
+                key=JobKey(f"ns/job-{i:05d}"),
+                queue=queue_names[i % queues],
+                gpus_per_replica=gpr,
+                min_replicas=1,
+                max_replicas=8,
+                current_replicas=current,
+                phase=JobPhase.RUNNING,
+                elastic=True,
+                throughput_history=history,
+                remaining_samples=float(rng.uniform(1e5, 1e8)),
+                last_rescale_s=NOW_S - float(rng.uniform(0, 3600)),
+                recommendations=tuple(
+                    Recommendation(NOW_S - 60.0 * k, current) for k in range(5, 0, -1)
+                ),
+            )
+        )
+    observation = Observation(
+        time_s=NOW_S,
+        queues=tuple(
+            QueueState(q, per_queue_gpus * 1.5, per_queue_gpus, 0.0, 0.0, float(rng.integers(0, 3)))
+            for q in queue_names
+        ),
+        jobs=tuple(states),
+        cluster_free_gpus=0.3 * jobs,
+    )
+    policy = ElasticPolicy(
+        name="bench",
+        defaults=Defaults(),
+        queues=tuple(QueuePolicy(q, borrow=bool(i % 2)) for i, q in enumerate(queue_names)),
+    )
+    return observation, policy
+
+
+def measure(jobs: int, queues: int, runs: int) -> dict[str, float]:
+    observation, policy = synthetic(jobs, queues, seed=jobs)
+    models = ModelCache(refit_s=3600.0)
+    decide(observation, policy, models=models)  # warm: fit every job once
+    fits = models.curve_fits
+    samples_ms = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        decide(observation, policy, models=models)
+        samples_ms.append((time.perf_counter() - start) * 1000.0)
+    assert models.curve_fits == fits, "a steady-state decide refitted a model"
+    samples_ms.sort()
+    return {
+        "median": statistics.median(samples_ms),
+        "p99": samples_ms[min(len(samples_ms) - 1, round(0.99 * (len(samples_ms) - 1)))],
+        "runs": float(runs),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100,1000,10000", help="job counts, comma-separated")
+    parser.add_argument("--queues", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=30, help="timed runs per size (>= 20)")
+    parser.add_argument("--json", type=Path, help="write the records here")
+    args = parser.parse_args()
+    records: list[dict[str, object]] = []
+    results = {}
+    print(f"decide + stabilize, {args.queues} queues, {args.runs} runs per size, "
+          f"{os.cpu_count()} cores, Python {platform.python_version()}")  # fmt: skip
+    print(f"{'jobs':>8} {'median ms':>10} {'p99 ms':>10}")
+    for size in (int(s) for s in args.sizes.split(",")):
+        result = measure(size, args.queues, args.runs)
+        results[size] = result
+        print(f"{size:>8} {result['median']:>10.2f} {result['p99']:>10.2f}")
+        for stat in ("median", "p99"):
+            records.append({"metric": f"decide_latency_{stat}", "value": round(result[stat], 3),
+                            "unit": "ms", "jobs": size, "queues": args.queues,
+                            "runs": args.runs})  # fmt: skip
+    if 1000 in results and 10000 in results:
+        ratio = results[10000]["median"] / results[1000]["median"]
+        print(f"10k/1k median ratio: {ratio:.2f}")
+        records.append({"metric": "decide_latency_scaling_10k_over_1k", "value": round(ratio, 3),
+                        "unit": "ratio", "queues": args.queues})  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(records, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Turns Prometheus metrics into the engine's observation and exports the engine's metrics."""

@@ -1,0 +1,1 @@
+"""The policy engine: observe, decide, stabilize and apply elastic scaling of Volcano Jobs."""

@@ -1,0 +1,158 @@
+"""How many GPUs each queue's elastic jobs may hold together, and how many idle GPUs growth may use.
+
+Pure functions of the observation and the policy (DESIGN.md, "Allocation, in one paragraph").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from scheduler_policy.model import JobState, Observation, QueueName, QueueState, Reason
+from scheduler_policy.policy import ElasticPolicy
+
+INFINITE_GPUS = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class QueueBudget:
+    """The GPUs one queue's elastic jobs may hold together this round.
+
+    Attributes:
+        queue: the queue.
+        elastic_gpus: GPUs the queue's elastic replicas may hold in total (mins included).
+        limit_gpus: what Volcano would let the queue use (capability, or the deserved share
+            when the queue may not borrow).
+        held_nonelastic_gpus: GPUs held by the queue's non-elastic work.
+        pending_gpus: GPUs requested by the queue's pending non-elastic work, plus what other
+            queues' pending work needs back from this queue's borrowed GPUs.
+        headroom_gpus: GPUs kept free for forecast demand and the fixed headroom.
+    """
+
+    queue: QueueName
+    elastic_gpus: float
+    limit_gpus: float
+    held_nonelastic_gpus: float
+    pending_gpus: float
+    headroom_gpus: float
+
+    def shrink_reason(self) -> Reason:
+        """The reason to give a job of this queue that must shrink to fit the budget."""
+        if self.pending_gpus > 0:
+            return Reason.SHRINK_FOR_PENDING_WORK
+        if self.headroom_gpus > 0:
+            return Reason.SHRINK_FOR_HEADROOM
+        return Reason.SHRINK_OVER_BUDGET
+
+
+def _share_gpus(queue: QueueState) -> float:
+    """The queue's deserved share; its capability when no share is set; unlimited when neither."""
+    if queue.deserved_gpus is not None:
+        return queue.deserved_gpus
+    if queue.capability_gpus is not None:
+        return queue.capability_gpus
+    return INFINITE_GPUS
+
+
+def _capability_gpus(queue: QueueState) -> float:
+    return INFINITE_GPUS if queue.capability_gpus is None else queue.capability_gpus
+
+
+def pending_shortfall_gpus(observation: Observation) -> float:
+    """GPUs that pending non-elastic work needs and the cluster's idle GPUs cannot give.
+
+    Args:
+        observation: the cluster now.
+
+    Returns:
+        ``max(0, Σ pending non-elastic GPUs − free GPUs)``.
+    """
+    pending = sum(q.pending_nonelastic_gpus for q in observation.queues)
+    return max(0.0, pending - max(0.0, observation.cluster_free_gpus))
+
+
+def growth_pool_gpus(observation: Observation) -> float:
+    """Idle GPUs that elastic growth may take this round, across all queues.
+
+    Pending non-elastic work has the first claim on idle GPUs, so growth only takes what is
+    left after it: ``max(0, free − Σ pending non-elastic GPUs)``.
+    """
+    pending = sum(q.pending_nonelastic_gpus for q in observation.queues)
+    return max(0.0, observation.cluster_free_gpus - pending)
+
+
+def queue_budgets(
+    observation: Observation,
+    policy: ElasticPolicy,
+    *,
+    elastic_jobs: Iterable[JobState],
+    forecast_headroom_gpus: Mapping[QueueName, float],
+) -> dict[QueueName, QueueBudget]:
+    """The elastic budget of every queue the policy manages.
+
+    budget = limit − held by non-elastic work − pending non-elastic work − headroom, capped by
+    the queue's ``maxElasticGpus``. The limit is the queue's capability if it may borrow idle
+    GPUs, else the smaller of capability and deserved share. When pending work anywhere cannot
+    fit in the idle GPUs, a borrowing queue's limit drops toward its deserved share by the
+    shortfall, so that borrowed GPUs go back before Volcano's reclaim would kill pods.
+
+    Args:
+        observation: the cluster now.
+        policy: the policy in force.
+        elastic_jobs: the jobs tide scales (their GPUs are not counted as non-elastic).
+        forecast_headroom_gpus: forecast non-elastic demand per queue, beyond what it holds now.
+
+    Returns:
+        One budget per managed queue present in the observation.
+    """
+    elastic_keys = {job.key for job in elastic_jobs}
+    held: dict[QueueName, float] = {}
+    elastic_used: dict[QueueName, float] = {}
+    for job in observation.jobs:
+        if job.phase.finished or (job.current_replicas <= 0 and job.nonelastic_gpus <= 0):
+            continue
+        if job.key in elastic_keys:
+            held[job.queue] = held.get(job.queue, 0.0) + job.nonelastic_gpus
+            elastic_used[job.queue] = elastic_used.get(job.queue, 0.0) + (
+                job.current_replicas * job.gpus_per_replica
+            )
+        elif job.phase is not job.phase.PENDING:
+            held[job.queue] = held.get(job.queue, 0.0) + job.gpus
+    shortfall = pending_shortfall_gpus(observation)
+    budgets: dict[QueueName, QueueBudget] = {}
+    for queue in observation.queues:
+        queue_policy = policy.queue(queue.name)
+        if queue_policy is None:
+            continue
+        share = _share_gpus(queue)
+        capability = _capability_gpus(queue)
+        held_q = held.get(queue.name, 0.0)
+        pending = queue.pending_nonelastic_gpus
+        if queue_policy.borrow:
+            limit = capability
+            used = held_q + elastic_used.get(queue.name, 0.0)
+            if shortfall > 0 and used > share:
+                # Give back what was borrowed, up to what other queues' pending work lacks.
+                limit = min(limit, max(share, used - shortfall))
+                pending += min(shortfall, used - share)
+        else:
+            limit = min(capability, share)
+        # The forecast is the peak the queue's non-elastic work will request in all; what it
+        # holds and what is pending are already set aside.
+        headroom = queue_policy.headroom.gpus + max(
+            0.0,
+            forecast_headroom_gpus.get(queue.name, 0.0) - held_q - queue.pending_nonelastic_gpus,
+        )
+        budget = limit - held_q - queue.pending_nonelastic_gpus - headroom
+        if queue_policy.max_elastic_gpus is not None:
+            budget = min(budget, queue_policy.max_elastic_gpus)
+        budgets[queue.name] = QueueBudget(
+            queue=queue.name,
+            elastic_gpus=max(0.0, budget),
+            limit_gpus=limit,
+            held_nonelastic_gpus=held_q,
+            pending_gpus=pending,
+            headroom_gpus=headroom,
+        )
+    return budgets

@@ -1,0 +1,304 @@
+"""The reconcile loop in named phases: observe → decide → stabilize → apply.
+
+``decide`` is pure (``now_s`` passed in); only ``apply_changes`` writes, and it writes only what
+differs from what it observed, so reconciling twice on the same cluster writes nothing the second
+time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler_policy.allocate import Allocation, JobCurve, allocate
+from scheduler_policy.budget import QueueBudget, growth_pool_gpus, queue_budgets
+from scheduler_policy.errors import ConflictError, PermanentError, TemporaryError
+from scheduler_policy.messages import decision_message
+from scheduler_policy.model import (
+    JobPhase,
+    JobState,
+    Observation,
+    QueueName,
+    Reason,
+    ScalingDecision,
+)
+from scheduler_policy.models_cache import ModelCache
+from scheduler_policy.policy import ElasticPolicy
+from scheduler_policy.protocols import ClusterClient, MetricsSource, ReplicaChange
+from scheduler_policy.stabilize import stabilize
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What ``decide`` returns: a decision per elastic job and the writes it implies.
+
+    Attributes:
+        decisions: one per elastic job (and per invalid job), sorted by job key.
+        changes: the writes: replicas that move, or memory that changed.
+    """
+
+    decisions: tuple[ScalingDecision, ...]
+    changes: tuple[ReplicaChange, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileResult:
+    """One reconcile's outcome.
+
+    Attributes:
+        observation: what was observed.
+        decisions: one per elastic job.
+        applied: the writes that succeeded.
+        failed: the writes that failed, with why.
+    """
+
+    observation: Observation
+    decisions: tuple[ScalingDecision, ...]
+    applied: tuple[ReplicaChange, ...]
+    failed: tuple[tuple[ReplicaChange, str], ...] = ()
+
+
+def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> Observation:
+    """Join the cluster's queues and jobs with the metrics into one observation.
+
+    Args:
+        metrics: throughput, queue use and demand history.
+        cluster: queues and jobs.
+        now_s: the reconcile time.
+
+    Returns:
+        The observation; ``metrics_fresh`` is False if the sample was stale or had NaN in it.
+    """
+    sample = metrics.sample(now_s=now_s)
+    fresh = sample.fresh and math.isfinite(sample.cluster_free_gpus)
+    queues = []
+    for queue in cluster.list_queues():
+        allocated = sample.queue_allocated_gpus.get(queue.name, queue.allocated_gpus)
+        fresh = fresh and math.isfinite(allocated)
+        queues.append(
+            dataclasses.replace(
+                queue,
+                allocated_gpus=allocated,
+                demand_history=sample.queue_demand_history.get(queue.name, queue.demand_history),
+            )
+        )
+    jobs = []
+    for job in cluster.list_jobs():
+        history = sample.job_throughput.get(job.key, job.throughput_history)
+        if any(not math.isfinite(p.samples_per_s) for p in history):
+            fresh = False
+        jobs.append(
+            dataclasses.replace(
+                job,
+                throughput_history=history,
+                remaining_samples=sample.job_remaining_samples.get(job.key, job.remaining_samples),
+            )
+        )
+    return Observation(
+        time_s=now_s,
+        queues=tuple(queues),
+        jobs=tuple(jobs),
+        cluster_free_gpus=sample.cluster_free_gpus,
+        metrics_fresh=fresh,
+    )
+
+
+def _hold(job: JobState, reason: Reason, message: str) -> ScalingDecision:
+    return ScalingDecision(job.key, job.current_replicas, job.current_replicas, reason, message)
+
+
+def _triage(
+    observation: Observation, policy: ElasticPolicy
+) -> tuple[list[JobState], list[ScalingDecision]]:
+    """Split the jobs into those to allocate for and decisions for the rest."""
+    queue_names = {q.name for q in observation.queues}
+    queue_policies = {q.name: q for q in policy.queues}
+    ready: list[JobState] = []
+    held: list[ScalingDecision] = []
+    for job in observation.jobs:
+        if not job.elastic:
+            continue
+        problems = job.spec_problems()
+        if job.queue not in queue_names:
+            problems.append(f"queue {job.queue!r} does not exist")
+        if problems:
+            held.append(_hold(job, Reason.INVALID_JOB_SPEC, "; ".join(problems)))
+            logger.warning("job %s skipped: %s", job.key, "; ".join(problems))
+            continue
+        queue_policy = queue_policies.get(job.queue)
+        if queue_policy is None or not queue_policy.elastic:
+            if job.phase is JobPhase.RUNNING:
+                held.append(
+                    _hold(job, Reason.QUEUE_NOT_MANAGED,
+                          f"queue {job.queue} is not elastic in policy {policy.name}")
+                )  # fmt: skip
+            continue
+        if job.phase is not JobPhase.RUNNING:
+            if not job.phase.finished:
+                held.append(_hold(job, Reason.NOT_RUNNING, f"job is {job.phase.value}"))
+            continue
+        if not observation.metrics_fresh:
+            held.append(
+                _hold(job, Reason.HOLD_METRICS_STALE,
+                      "metrics are stale or missing; holding replicas until they recover")
+            )  # fmt: skip
+            continue
+        ready.append(job)
+    return ready, held
+
+
+def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCache) -> Plan:
+    """Decide and stabilize a target for every elastic job; pure but for the model cache.
+
+    Args:
+        observation: the cluster now (its ``time_s`` is the decision time).
+        policy: the policy in force.
+        models: fitted models, refitted here only when something new was measured.
+
+    Returns:
+        The decisions and the writes they imply.
+    """
+    now_s = observation.time_s
+    ready, held = _triage(observation, policy)
+    forecasts: dict[QueueName, float] = {}
+    for queue in observation.queues:
+        queue_policy = policy.queue(queue.name)
+        if queue_policy is not None:
+            forecasts[queue.name] = models.forecast_gpus(queue, queue_policy.headroom, now_s=now_s)
+    budgets = queue_budgets(
+        observation, policy, elastic_jobs=ready, forecast_headroom_gpus=forecasts
+    )
+    ready = [job for job in ready if job.queue in budgets]
+    curves = [models.curve(job, now_s=now_s) for job in ready]
+    allocation = allocate(
+        ready,
+        curves,
+        budgets=budgets,
+        growth_pool_gpus=growth_pool_gpus(observation),
+        defaults=policy.defaults,
+    )
+    decisions, changes = _stabilized_decisions(
+        ready, allocation, budgets=budgets, curves=curves, policy=policy, now_s=now_s
+    )
+    decisions.extend(held)
+    decisions.sort(key=lambda d: d.job)
+    return Plan(decisions=tuple(decisions), changes=tuple(changes))
+
+
+def _stabilized_decisions(
+    jobs: list[JobState],
+    allocation: Allocation,
+    *,
+    budgets: dict[QueueName, QueueBudget],
+    curves: Sequence[JobCurve],
+    policy: ElasticPolicy,
+    now_s: float,
+) -> tuple[list[ScalingDecision], list[ReplicaChange]]:
+    current = np.asarray([j.current_replicas for j in jobs], dtype=np.int64)
+    result = stabilize(
+        current=current,
+        recommended=allocation.targets,
+        gains=allocation.gains,
+        forced=allocation.forced,
+        min_replicas=np.asarray([j.min_replicas for j in jobs], dtype=np.int64),
+        max_replicas=np.asarray([j.max_replicas for j in jobs], dtype=np.int64),
+        last_rescale_s=np.asarray(
+            [np.nan if j.last_rescale_s is None else j.last_rescale_s for j in jobs],
+            dtype=np.float64,
+        ),
+        recommendations=[j.recommendations for j in jobs],
+        defaults=policy.defaults,
+        interval_s=policy.interval_s,
+        now_s=now_s,
+    )
+    decisions: list[ScalingDecision] = []
+    changes: list[ReplicaChange] = []
+    targets = result.targets.tolist()
+    recommended = allocation.targets.tolist()
+    gains = allocation.gains.tolist()
+    next_gains = allocation.next_gains.tolist()
+    memory_changed = result.memory_changed.tolist()
+    for i, job in enumerate(jobs):
+        target = targets[i]
+        reason = result.held_by[i] or allocation.reasons[i]
+        message = decision_message(
+            reason,
+            job=job,
+            target=target,
+            recommended=recommended[i],
+            gain=gains[i],
+            next_gain=next_gains[i],
+            budget=budgets[job.queue],
+            defaults=policy.defaults,
+            measured=curves[i].measured,
+        )
+        decisions.append(ScalingDecision(job.key, job.current_replicas, target, reason, message))
+        if target != job.current_replicas:
+            logger.info(
+                "job %s: %d -> %d %s: %s",
+                job.key, job.current_replicas, target, reason.value, message,
+            )  # fmt: skip
+        if memory_changed[i]:
+            changes.append(
+                ReplicaChange(job.key, job.task, job.current_replicas, target,
+                              result.memory(i), reason, message)
+            )  # fmt: skip
+    return decisions, changes
+
+
+def apply_changes(
+    cluster: ClusterClient, changes: Sequence[ReplicaChange]
+) -> tuple[tuple[ReplicaChange, ...], tuple[tuple[ReplicaChange, str], ...]]:
+    """Write each change; one failed write never stops the others.
+
+    Returns:
+        ``(applied, failed)``, each failure with its reason.
+    """
+    applied: list[ReplicaChange] = []
+    failed: list[tuple[ReplicaChange, str]] = []
+    for change in changes:
+        try:
+            cluster.apply(change)
+        except ConflictError as e:
+            failed.append((change, f"conflict, will retry next round: {e}"))
+            logger.info("job %s: %s", change.job, failed[-1][1])
+        except (TemporaryError, PermanentError) as e:
+            failed.append((change, str(e)))
+            logger.warning("job %s: write failed: %s", change.job, e)
+        else:
+            applied.append(change)
+    return tuple(applied), tuple(failed)
+
+
+def reconcile(
+    *,
+    metrics: MetricsSource,
+    cluster: ClusterClient,
+    policy: ElasticPolicy,
+    now_s: float,
+    models: ModelCache,
+) -> ReconcileResult:
+    """Observe, decide, stabilize and apply once.
+
+    Args:
+        metrics: where throughput and queue use come from.
+        cluster: where jobs and queues come from and writes go.
+        policy: the policy in force.
+        now_s: the reconcile time, seconds since the epoch.
+        models: fitted models kept across reconciles.
+
+    Returns:
+        What was observed, decided, written and refused.
+    """
+    observation = observe(metrics=metrics, cluster=cluster, now_s=now_s)
+    plan = decide(observation, policy, models=models)
+    models.forget({job.key for job in observation.jobs})
+    applied, failed = apply_changes(cluster, plan.changes)
+    return ReconcileResult(observation, plan.decisions, applied, failed)

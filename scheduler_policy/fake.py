@@ -1,0 +1,87 @@
+"""An in-memory cluster implementing both ``MetricsSource`` and ``ClusterClient``, for tests.
+
+It holds an observation, serves it back, records every write, and refuses a write whose
+``from_replicas`` no longer matches (as the Volcano client's JSON-patch ``test`` would). As on a
+real cluster, new replicas take idle GPUs at once while removed ones hold theirs until their
+pods have terminated: ``settle()`` lets them go.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from scheduler_policy.errors import ConflictError, PermanentError
+from scheduler_policy.model import JobKey, JobState, Observation, QueueState
+from scheduler_policy.protocols import MetricsSample, ReplicaChange
+
+
+class FakeCluster:
+    """A cluster that lives in a dict.
+
+    Args:
+        observation: the queues, jobs and free GPUs to start from.
+        refuse: job keys whose writes fail permanently (a webhook that says no).
+
+    Attributes:
+        writes: every successful write, in order.
+        fresh: what the metrics report as freshness; set False to simulate an outage.
+    """
+
+    def __init__(self, observation: Observation, *, refuse: Sequence[JobKey] = ()) -> None:
+        self._queues = list(observation.queues)
+        self._jobs = {job.key: job for job in observation.jobs}
+        self.free_gpus = observation.cluster_free_gpus
+        self.fresh = observation.metrics_fresh
+        self.writes: list[ReplicaChange] = []
+        self.terminating_gpus = 0.0
+        self._refuse = set(refuse)
+
+    def sample(self, *, now_s: float) -> MetricsSample:
+        """See base class."""
+        return MetricsSample(
+            fresh=self.fresh,
+            cluster_free_gpus=self.free_gpus,
+            job_throughput={k: j.throughput_history for k, j in self._jobs.items()},
+        )
+
+    def list_queues(self) -> Sequence[QueueState]:
+        """See base class."""
+        return tuple(self._queues)
+
+    def list_jobs(self) -> Sequence[JobState]:
+        """See base class."""
+        return tuple(self._jobs.values())
+
+    def job(self, key: JobKey) -> JobState:
+        """The job as the cluster holds it now."""
+        return self._jobs[key]
+
+    def apply(self, change: ReplicaChange) -> None:
+        """See base class."""
+        job = self._jobs.get(change.job)
+        if job is None:
+            raise PermanentError(f"job {change.job}: not found")
+        if change.job in self._refuse:
+            raise PermanentError(f"job {change.job}: refused by admission webhook")
+        if job.current_replicas != change.from_replicas:
+            raise ConflictError(
+                f"job {change.job}: replicas are {job.current_replicas}, not {change.from_replicas}"
+            )
+        delta_gpus = (change.to_replicas - change.from_replicas) * job.gpus_per_replica
+        if delta_gpus > 0:
+            self.free_gpus -= delta_gpus
+        else:
+            self.terminating_gpus -= delta_gpus
+        self._jobs[change.job] = dataclasses.replace(
+            job,
+            current_replicas=change.to_replicas,
+            last_rescale_s=change.memory.last_rescale_s,
+            recommendations=change.memory.recommendations,
+        )
+        self.writes.append(change)
+
+    def settle(self) -> None:
+        """Let the pods of removed replicas finish terminating: their GPUs become idle."""
+        self.free_gpus += self.terminating_gpus
+        self.terminating_gpus = 0.0

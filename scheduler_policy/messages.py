@@ -1,0 +1,93 @@
+"""The sentence for people that goes with each decision's reason (logs, Events, `tide plan`)."""
+
+from __future__ import annotations
+
+from scheduler_policy.budget import QueueBudget
+from scheduler_policy.model import JobState, Reason
+from scheduler_policy.policy import Defaults
+
+
+def _gpus(value: float) -> str:
+    return f"{value:g}" if value == int(value) else f"{value:.2f}"
+
+
+def decision_message(
+    reason: Reason,
+    *,
+    job: JobState,
+    target: int,
+    recommended: int,
+    gain: float,
+    next_gain: float,
+    budget: QueueBudget,
+    defaults: Defaults,
+    measured: bool,
+) -> str:
+    """One sentence saying why ``job`` goes to ``target`` replicas.
+
+    Args:
+        reason: the decision's reason.
+        job: the job.
+        target: the final target.
+        recommended: the allocator's target before damping.
+        gain: predicted relative throughput change from current to ``recommended``.
+        next_gain: relative speedup of one more replica above ``recommended``.
+        budget: the job's queue budget.
+        defaults: the policy's defaults.
+        measured: whether the job's scaling curve comes from its own measurements.
+
+    Returns:
+        The sentence.
+    """
+    curve = "" if measured else " (no throughput measured yet: prior scaling curve)"
+    queue = f"queue {budget.queue}"
+    if reason is Reason.SCALE_UP_FOR_IDLE_GPUS:
+        return (
+            f"{queue} has room for elastic growth; {target} replicas predicted "
+            f"{gain:+.0%} throughput{curve}"
+        )
+    if reason is Reason.SHRINK_FOR_PENDING_WORK:
+        return (
+            f"{queue}'s pending non-elastic work needs {_gpus(budget.pending_gpus)} GPU(s); "
+            f"giving back replicas gracefully before Volcano's reclaim would kill them"
+        )
+    if reason is Reason.SHRINK_FOR_HEADROOM:
+        return f"{queue} keeps {_gpus(budget.headroom_gpus)} GPU(s) of headroom for its demand"
+    if reason is Reason.SHRINK_OVER_BUDGET:
+        return (
+            f"{queue}'s elastic jobs hold more than its budget of "
+            f"{_gpus(budget.elastic_gpus)} GPU(s)"
+        )
+    if reason is Reason.SHRINK_LOW_EFFICIENCY:
+        return f"the last replicas slow the job down; {target} replicas predicted {gain:+.0%}"
+    if reason is Reason.RESTART_COST_EXCEEDS_GAIN:
+        return (
+            f"one more replica would add {next_gain:+.0%} throughput, less than a "
+            f"{_restart_cost(job, defaults):g}s restart is worth over the remaining run{curve}"
+        )
+    if reason is Reason.WITHIN_TOLERANCE:
+        return (
+            f"{recommended} replicas predicted {gain:+.0%} throughput, within the "
+            f"{defaults.tolerance:.0%} tolerance"
+        )
+    if reason is Reason.LIMITED_BY_BOUNDS:
+        return f"kept within [{job.min_replicas}, {job.max_replicas}] replicas"
+    if reason is Reason.LIMITED_BY_RATE:
+        return (
+            f"wanted {recommended}; moving at most +{defaults.max_step_up}/"
+            f"-{defaults.max_step_down} replicas per decision"
+        )
+    if reason is Reason.COOLDOWN:
+        return (
+            f"wanted {recommended}; rescaled at {job.last_rescale_s:g}s, "
+            f"cooldown is {defaults.cooldown_s:g}s"
+        )
+    if reason is Reason.STABILIZATION_WINDOW:
+        return f"wanted {recommended}; recent recommendations disagree, holding at {target}"
+    if reason is Reason.AT_TARGET:
+        return f"{target} replicas fit {queue}'s budget and are worth their GPUs{curve}"
+    return str(reason.value)
+
+
+def _restart_cost(job: JobState, defaults: Defaults) -> float:
+    return defaults.restart_cost_s if job.restart_cost_s is None else job.restart_cost_s

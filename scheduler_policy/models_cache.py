@@ -1,0 +1,134 @@
+"""Fitted models kept across reconciles, so a steady state refits nothing.
+
+A job's scaling model is refitted when it has run at a replica count the last fit had not seen, or
+when ``refit_s`` has passed since the last fit. A queue's forecaster is refitted when ``refit_s``
+has passed or its quantile or horizon changed. Both can be rebuilt from Prometheus history, so the
+cache lives in memory only.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from scheduler_policy.allocate import JobCurve
+from scheduler_policy.errors import ModelFitError
+from scheduler_policy.forecast import DemandForecaster
+from scheduler_policy.model import JobKey, JobState, QueueName, QueueState
+from scheduler_policy.policy import Headroom
+from scheduler_policy.scaling_model import ScalingModel
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class _FittedCurve:
+    sizes: frozenset[int]
+    fitted_at_s: float
+    curve: JobCurve
+
+
+@dataclass(slots=True)
+class _FittedForecast:
+    fitted_at_s: float
+    quantile: float
+    horizon_s: float
+    forecaster: DemandForecaster
+
+
+@dataclass(slots=True)
+class ModelCache:
+    """Per-job scaling curves and per-queue forecasters, with counts of how often each was fitted.
+
+    Attributes:
+        refit_s: least time between two refits when nothing new was measured.
+        curve_fits: scaling-model fits done so far.
+        forecast_fits: forecaster fits done so far.
+    """
+
+    refit_s: float = 600.0
+    curve_fits: int = 0
+    forecast_fits: int = 0
+    _curves: dict[JobKey, _FittedCurve] = field(default_factory=dict)
+    _forecasts: dict[QueueName, _FittedForecast] = field(default_factory=dict)
+    _prior: JobCurve | None = None
+
+    def prior_curve(self) -> JobCurve:
+        """The curve assumed for a job that has not been measured yet (λ = 1: shape only)."""
+        if self._prior is None:
+            model = ScalingModel.prior_model()
+            self._prior = JobCurve(1.0, float(model.sigma_), float(model.kappa_), measured=False)
+        return self._prior
+
+    def curve(self, job: JobState, *, now_s: float) -> JobCurve:
+        """The job's scaling curve, refitted only when something new was measured.
+
+        Args:
+            job: the job, with its throughput history.
+            now_s: the reconcile time.
+
+        Returns:
+            The fitted curve, or the prior when the job has no usable measurement or its fit
+            failed (logged).
+        """
+        cached = self._curves.get(job.key)
+        # The steady state: no size measured that the last fit had not seen.
+        if (
+            cached is not None
+            and now_s - cached.fitted_at_s < self.refit_s
+            and {p.replicas for p in job.throughput_history} <= cached.sizes
+        ):
+            return cached.curve
+        points = [p for p in job.throughput_history if p.replicas >= 1 and p.samples_per_s > 0]
+        if not points:
+            return self.prior_curve()
+        sizes = frozenset(p.replicas for p in job.throughput_history)
+        try:
+            model = ScalingModel.from_points(points)
+        except (ModelFitError, ValueError) as e:
+            logger.warning("job %s: scaling model fit failed, using the prior: %s", job.key, e)
+            return self.prior_curve()
+        self.curve_fits += 1
+        curve = JobCurve(
+            float(model.lambda_), float(model.sigma_), float(model.kappa_), measured=True
+        )
+        self._curves[job.key] = _FittedCurve(sizes, now_s, curve)
+        return curve
+
+    def forecast_gpus(self, queue: QueueState, headroom: Headroom, *, now_s: float) -> float:
+        """The queue's forecast peak non-elastic demand over the headroom's horizon.
+
+        Args:
+            queue: the queue, with its demand history.
+            headroom: the queue's headroom settings; no forecast when its quantile is unset.
+            now_s: the reconcile time.
+
+        Returns:
+            GPUs at the configured quantile; 0 when no forecast is configured or possible.
+        """
+        quantile = headroom.forecast_quantile
+        if quantile is None or not queue.demand_history:
+            return 0.0
+        cached = self._forecasts.get(queue.name)
+        if (
+            cached is None
+            or now_s - cached.fitted_at_s >= self.refit_s
+            or cached.quantile != quantile
+            or cached.horizon_s != headroom.horizon_s
+        ):
+            try:
+                forecaster = DemandForecaster.from_points(
+                    queue.demand_history, quantile=quantile, horizon_s=headroom.horizon_s
+                )
+            except (ModelFitError, ValueError) as e:
+                logger.warning("queue %s: demand forecast failed, no headroom: %s", queue.name, e)
+                return 0.0
+            self.forecast_fits += 1
+            cached = _FittedForecast(now_s, quantile, headroom.horizon_s, forecaster)
+            self._forecasts[queue.name] = cached
+        return max(0.0, float(cached.forecaster.forecast_at(now_s)))
+
+    def forget(self, keep: set[JobKey]) -> None:
+        """Drop the curves of jobs that no longer exist."""
+        for key in [k for k in self._curves if k not in keep]:
+            del self._curves[key]

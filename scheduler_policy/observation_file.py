@@ -1,0 +1,220 @@
+"""Observations written as YAML or JSON, for ``tide plan`` and for tests.
+
+The format mirrors the dataclasses in ``model`` with camelCase keys::
+
+    time: 1700000000               # the decision time, seconds since the epoch
+    clusterFreeGpus: 6
+    metricsFresh: true
+    queues:
+      - {name: research, capabilityGpus: 32, deservedGpus: 16, allocatedGpus: 10}
+    jobs:
+      - key: team-a/bert
+        queue: research
+        gpusPerReplica: 1
+        minReplicas: 1             # a job's tide.io/* annotations, if given, override these
+        maxReplicas: 8
+        currentReplicas: 2
+        phase: Running
+        elastic: true
+        throughput: [{time: 1699999000, replicas: 2, samplesPerS: 190}]
+
+Every problem names the file and its path; all problems are reported at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+
+from scheduler_policy.annotations import job_overrides
+from scheduler_policy.errors import ObservationError, PolicyError
+from scheduler_policy.model import (
+    JobKey,
+    JobPhase,
+    JobState,
+    Observation,
+    QueueName,
+    QueueState,
+    ThroughputPoint,
+)
+from scheduler_policy.policy_file import (
+    _boolean,
+    _duration,
+    _name,
+    _non_negative,
+    _number,
+    _optional_non_negative,
+    _Section,
+    _section,
+    read_yaml_documents,
+    show,
+)
+
+_TOP = ("time", "clusterFreeGpus", "metricsFresh", "queues", "jobs")
+_QUEUE = (
+    "name", "capabilityGpus", "deservedGpus", "guaranteeGpus", "allocatedGpus",
+    "pendingNonelasticGpus",
+)  # fmt: skip
+_JOB = (
+    "key", "queue", "gpusPerReplica", "minReplicas", "maxReplicas", "currentReplicas", "phase",
+    "elastic", "task", "restartCost", "remainingSamples", "lastRescale", "annotations",
+    "throughput", "nonelasticGpus",
+)  # fmt: skip
+_POINT = ("time", "replicas", "samplesPerS")
+_PHASES = {phase.value: phase for phase in JobPhase}
+
+
+def _count(value: object, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{path}: must be a non-negative integer, got {show(value)}")
+    return value
+
+
+def _phase(value: object, path: str) -> JobPhase:
+    if not isinstance(value, str) or value not in _PHASES:
+        raise ValueError(f"{path}: must be one of {', '.join(_PHASES)}, got {show(value)}")
+    return _PHASES[value]
+
+
+def _items(section: _Section, key: str) -> list[tuple[str, object]]:
+    value = section.mapping.get(key, [])
+    path = f"{section.path}.{key}" if section.path else key
+    if not isinstance(value, list):
+        section.problems.append(f"{path}: must be a list, got {show(value)}")
+        return []
+    return [(f"{path}[{i}]", item) for i, item in enumerate(value)]
+
+
+def _queue(value: object, path: str, problems: list[str]) -> QueueState | None:
+    q = _section(value, path=path, allowed=_QUEUE, problems=problems)
+    if q is None:
+        return None
+    if "name" not in q.mapping:
+        problems.append(f"{path}.name: is required")
+    return QueueState(
+        name=QueueName(q.get("name", "", _name)),
+        capability_gpus=q.get("capabilityGpus", None, _optional_non_negative),
+        deserved_gpus=q.get("deservedGpus", None, _optional_non_negative),
+        guarantee_gpus=q.get("guaranteeGpus", 0.0, _non_negative),
+        allocated_gpus=q.get("allocatedGpus", 0.0, _non_negative),
+        pending_nonelastic_gpus=q.get("pendingNonelasticGpus", 0.0, _non_negative),
+    )
+
+
+def _point(value: object, path: str, problems: list[str]) -> ThroughputPoint | None:
+    p = _section(value, path=path, allowed=_POINT, problems=problems)
+    if p is None:
+        return None
+    return ThroughputPoint(
+        time_s=p.get("time", 0.0, _non_negative),
+        replicas=p.get("replicas", 1, _count),
+        samples_per_s=p.get("samplesPerS", 0.0, _non_negative),
+    )
+
+
+def _job(value: object, path: str, problems: list[str]) -> JobState | None:
+    j = _section(value, path=path, allowed=_JOB, problems=problems)
+    if j is None:
+        return None
+    for required in ("key", "queue"):
+        if required not in j.mapping:
+            problems.append(f"{path}.{required}: is required")
+    points = [_point(v, p, problems) for p, v in _items(j, "throughput")]
+    job = JobState(
+        key=JobKey(j.get("key", "", _name)),
+        queue=QueueName(j.get("queue", "", _name)),
+        gpus_per_replica=j.get("gpusPerReplica", 1.0, _number),
+        min_replicas=j.get("minReplicas", 1, _count),
+        max_replicas=j.get("maxReplicas", 1, _count),
+        current_replicas=j.get("currentReplicas", 1, _count),
+        phase=j.get("phase", JobPhase.RUNNING, _phase),
+        elastic=j.get("elastic", False, _boolean),
+        task=j.get("task", "worker", _name),
+        restart_cost_s=j.get("restartCost", None, _duration),
+        remaining_samples=j.get("remainingSamples", None, _optional_non_negative),
+        last_rescale_s=j.get("lastRescale", None, _optional_non_negative),
+        throughput_history=tuple(p for p in points if p is not None),
+        nonelastic_gpus=j.get("nonelasticGpus", 0.0, _non_negative),
+    )
+    annotations = j.mapping.get("annotations", {})
+    if not isinstance(annotations, Mapping):
+        problems.append(f"{path}.annotations: must be a mapping, got {show(annotations)}")
+        return job
+    try:
+        overrides = job_overrides({str(k): str(v) for k, v in annotations.items()},
+                                  source=f"{path} ({job.key})")  # fmt: skip
+    except PolicyError as e:
+        # A bad annotation makes this one job unplannable (InvalidJobSpec), not the file.
+        marked_elastic = str(annotations.get("tide.io/elastic", "")).lower() == "true"
+        return dataclasses.replace(
+            job, elastic=job.elastic or marked_elastic, read_problems=tuple(e.problems)
+        )
+    return dataclasses.replace(
+        job,
+        elastic=job.elastic if overrides.elastic is None else overrides.elastic,
+        task=overrides.task or job.task,
+        min_replicas=job.min_replicas if overrides.min_replicas is None else overrides.min_replicas,
+        max_replicas=job.max_replicas if overrides.max_replicas is None else overrides.max_replicas,
+        restart_cost_s=(
+            job.restart_cost_s if overrides.restart_cost_s is None else overrides.restart_cost_s
+        ),
+    )
+
+
+def parse_observation(data: object, *, source: str) -> Observation:
+    """Build an observation from parsed YAML or JSON.
+
+    Args:
+        data: the parsed document.
+        source: the file it came from, named in errors.
+
+    Returns:
+        The observation.
+
+    Raises:
+        ObservationError: every problem in the document, each with its path and value.
+    """
+    problems: list[str] = []
+    top = _section(data, path="", allowed=_TOP, problems=problems)
+    if top is None:
+        raise ObservationError(f"{source}: {problems[0]}")
+    queues = [_queue(v, p, problems) for p, v in _items(top, "queues")]
+    jobs = [_job(v, p, problems) for p, v in _items(top, "jobs")]
+    observation = Observation(
+        time_s=top.get("time", 0.0, _non_negative),
+        queues=tuple(q for q in queues if q is not None),
+        jobs=tuple(j for j in jobs if j is not None),
+        cluster_free_gpus=top.get("clusterFreeGpus", 0.0, _non_negative),
+        metrics_fresh=top.get("metricsFresh", True, _boolean),
+    )
+    if problems:
+        listing = "\n".join(f"  - {p}" for p in problems)
+        raise ObservationError(f"{source}: {len(problems)} problem(s):\n{listing}")
+    return observation
+
+
+def load_observation(path: str | Path) -> Observation:
+    """Read an observation from a YAML or JSON file (JSON is YAML).
+
+    Raises:
+        ObservationError: the file cannot be read or is invalid.
+    """
+    try:
+        documents = read_yaml_documents(path)
+    except PolicyError as e:
+        raise ObservationError(str(e)) from e
+    if len(documents) != 1:
+        raise ObservationError(f"{path}: must hold exactly one document, found {len(documents)}")
+    return parse_observation(documents[0], source=str(path))
+
+
+def example_observation_path() -> Path:
+    """The built-in example observation that ``tide plan`` uses with no arguments."""
+    return Path(str(resources.files("scheduler_policy") / "examples" / "observation.yaml"))
+
+
+def example_policy_path() -> Path:
+    """The built-in example policy that ``tide plan`` uses with no ``--policy``."""
+    return Path(str(resources.files("scheduler_policy") / "examples" / "policy.yaml"))

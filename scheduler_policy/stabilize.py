@@ -1,0 +1,317 @@
+"""Damping of the allocator's targets: tolerance → bounds → rate limit → cooldown → windows.
+
+Each step is a small pure function over numpy arrays (one entry per job), so the whole chain runs
+on 10,000 jobs at once. A step returns the new desired replicas; ``stabilize`` records which step
+last changed each job's target, so the reason says what held it back.
+
+A *forced* shrink (a budget the job's queue must fit, because pending work or headroom needs GPUs
+back) skips tolerance, cooldown and the down window: waiting would only let Volcano's reclaim kill
+pods abruptly instead. It still obeys bounds and the rate limit, which the admin sets on purpose.
+
+The memory (recent recommendations and the last rescale) is data in and data out, so the engine can
+store it on the Volcano Job and survive its own restarts (STYLE.md 12; HPA keeps it in memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_policy.model import JobMemory, Reason, Recommendation
+from scheduler_policy.policy import Defaults
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+
+def within_tolerance(
+    *,
+    current: IntArray,
+    desired: IntArray,
+    gains: FloatArray,
+    forced: BoolArray,
+    tolerance: float,
+) -> IntArray:
+    """Hold jobs whose predicted relative throughput change is smaller than the tolerance.
+
+    Args:
+        current: replicas now.
+        desired: proposed replicas.
+        gains: predicted relative throughput change of the move (X(desired)/X(current) − 1).
+        forced: moves that must happen whatever they gain.
+        tolerance: the least relative change worth a restart (0.05 = 5%).
+
+    Returns:
+        ``current`` where the move is unforced and ``|gain| < tolerance``, else ``desired``.
+    """
+    small = np.abs(gains) < tolerance
+    return np.where(~forced & (desired != current) & small, current, desired)
+
+
+def clamp_to_bounds(
+    *, desired: IntArray, min_replicas: IntArray, max_replicas: IntArray
+) -> IntArray:
+    """Keep every target within the job's [min, max] replicas."""
+    return np.minimum(np.maximum(desired, min_replicas), np.maximum(max_replicas, min_replicas))
+
+
+def limit_rate(
+    *, current: IntArray, desired: IntArray, max_step_up: int, max_step_down: int
+) -> IntArray:
+    """Move at most ``max_step_up`` replicas up or ``max_step_down`` down in one decision."""
+    return np.clip(desired, current - max_step_down, current + max_step_up)
+
+
+def hold_in_cooldown(
+    *,
+    current: IntArray,
+    desired: IntArray,
+    last_rescale_s: FloatArray,
+    forced: BoolArray,
+    now_s: float,
+    cooldown_s: float,
+    interval_s: float,
+) -> IntArray:
+    """Hold unforced moves of jobs rescaled less than ``cooldown_s`` ago, and every move of a
+    job rescaled less than one decision interval ago (so the rate limit is per interval, and a
+    second reconcile at the same time moves nothing).
+
+    Args:
+        last_rescale_s: when each job was last rescaled; NaN for never.
+        interval_s: the policy's decision interval.
+    """
+    since = now_s - last_rescale_s  # NaN compares False below: never rescaled
+    cooling = (since < cooldown_s) & ~forced
+    return np.where(cooling | (since < interval_s), current, desired)
+
+
+def apply_windows(
+    *,
+    current: IntArray,
+    desired: IntArray,
+    window_up_min: IntArray,
+    window_down_max: IntArray,
+    forced: BoolArray,
+) -> IntArray:
+    """Scale up only as far as every recent recommendation agrees; down likewise.
+
+    Args:
+        window_up_min: the lowest recommendation in each job's up window (this one included).
+        window_down_max: the highest recommendation in each job's down window (this one included).
+        forced: shrinks that skip the down window.
+
+    Returns:
+        Up: ``max(current, min(desired, window_up_min))``; down: ``min(current, max(desired,
+        window_down_max))``; holds stay.
+    """
+    up = np.maximum(current, np.minimum(desired, window_up_min))
+    down = np.where(forced, desired, np.minimum(current, np.maximum(desired, window_down_max)))
+    return np.where(desired > current, up, np.where(desired < current, down, desired))
+
+
+def window_extremes(
+    recommendations: Sequence[tuple[Recommendation, ...]],
+    recommended: IntArray,
+    *,
+    now_s: float,
+    window_up_s: float,
+    window_down_s: float,
+) -> tuple[IntArray, IntArray]:
+    """The lowest recommendation in each up window and the highest in each down window.
+
+    Recommendations are stored as changes: each holds from its time until the next one, so the
+    one in force when a window opens counts too.
+
+    Args:
+        recommendations: each job's recommendation changes, oldest first.
+        recommended: this round's recommendation for each job (always in both windows).
+        now_s: the reconcile time.
+        window_up_s: length of the up window.
+        window_down_s: length of the down window.
+
+    Returns:
+        ``(window_up_min, window_down_max)``.
+    """
+    up_min = recommended.copy()
+    down_max = recommended.copy()
+    up_from, down_from = now_s - window_up_s, now_s - window_down_s
+    for i, recs in enumerate(recommendations):
+        for k, (_, replicas) in enumerate(recs):
+            # In force until the next change (or now): inside a window that opened before then.
+            until = recs[k + 1][0] if k + 1 < len(recs) else now_s
+            if until > up_from and replicas < up_min[i]:
+                up_min[i] = replicas
+            if until > down_from and replicas > down_max[i]:
+                down_max[i] = replicas
+    return up_min, down_max
+
+
+@dataclass(frozen=True, slots=True)
+class Stabilized:
+    """The damped targets, why each step held them, and the memory to store.
+
+    Attributes:
+        targets: replicas per job after every step.
+        held_by: the last step that changed each job's target, or None if none did.
+        last_rescale_s: when each job was last rescaled after this round; NaN for never.
+        recommendations: each job's recommendations after this round.
+        memory_changed: where the memory differs from what was passed in (a write is due).
+    """
+
+    targets: IntArray
+    held_by: tuple[Reason | None, ...]
+    last_rescale_s: FloatArray
+    recommendations: tuple[tuple[Recommendation, ...], ...]
+    memory_changed: BoolArray
+
+    def memory(self, index: int) -> JobMemory:
+        """Job ``index``'s memory after this round, as stored on the job."""
+        last = float(self.last_rescale_s[index])
+        return JobMemory(
+            last_rescale_s=None if np.isnan(last) else last,
+            recommendations=self.recommendations[index],
+        )
+
+
+def stabilize(
+    *,
+    current: IntArray,
+    recommended: IntArray,
+    gains: FloatArray,
+    forced: BoolArray,
+    min_replicas: IntArray,
+    max_replicas: IntArray,
+    last_rescale_s: FloatArray,
+    recommendations: Sequence[tuple[Recommendation, ...]],
+    defaults: Defaults,
+    interval_s: float,
+    now_s: float,
+) -> Stabilized:
+    """Run the damping chain over every job.
+
+    Args:
+        current: replicas now.
+        recommended: the allocator's targets.
+        gains: predicted relative throughput change of each recommended move.
+        forced: shrinks a budget requires.
+        min_replicas: each job's minimum.
+        max_replicas: each job's maximum.
+        last_rescale_s: when each job was last rescaled; NaN for never.
+        recommendations: each job's stored recommendations, oldest first.
+        defaults: tolerance, step limits, cooldown and windows.
+        interval_s: the decision interval; no job moves twice within one.
+        now_s: the reconcile time.
+
+    Returns:
+        The final targets, the step that held each back, and the new memories.
+    """
+    up_min, down_max = window_extremes(
+        recommendations,
+        recommended,
+        now_s=now_s,
+        window_up_s=defaults.window_up_s,
+        window_down_s=defaults.window_down_s,
+    )
+    steps: tuple[tuple[Reason, Callable[[IntArray], IntArray]], ...] = (
+        (
+            Reason.WITHIN_TOLERANCE,
+            lambda d: within_tolerance(
+                current=current, desired=d, gains=gains, forced=forced,
+                tolerance=defaults.tolerance,
+            ),
+        ),
+        (
+            Reason.LIMITED_BY_BOUNDS,
+            lambda d: clamp_to_bounds(desired=d, min_replicas=min_replicas,
+                                      max_replicas=max_replicas),
+        ),
+        (
+            Reason.LIMITED_BY_RATE,
+            # A job outside its bounds goes straight into them: bounds win over the rate.
+            lambda d: clamp_to_bounds(
+                desired=limit_rate(current=current, desired=d, max_step_up=defaults.max_step_up,
+                                   max_step_down=defaults.max_step_down),
+                min_replicas=min_replicas, max_replicas=max_replicas,
+            ),
+        ),
+        (
+            Reason.COOLDOWN,
+            lambda d: hold_in_cooldown(current=current, desired=d, last_rescale_s=last_rescale_s,
+                                       forced=forced, now_s=now_s,
+                                       cooldown_s=defaults.cooldown_s, interval_s=interval_s),
+        ),
+        (
+            Reason.STABILIZATION_WINDOW,
+            lambda d: apply_windows(current=current, desired=d, window_up_min=up_min,
+                                    window_down_max=down_max, forced=forced),
+        ),
+    )  # fmt: skip
+    desired = recommended
+    held_code = np.full(len(current), -1, dtype=np.int64)
+    for code, (_, step) in enumerate(steps):
+        after = step(desired)
+        held_code[after != desired] = code
+        desired = after
+    held_by = tuple(None if c < 0 else steps[c][0] for c in held_code.tolist())
+    moved = desired != current
+    kept, changed = remember(
+        recommendations, recommended, now_s=now_s,
+        keep_s=max(defaults.window_up_s, defaults.window_down_s),
+    )  # fmt: skip
+    return Stabilized(
+        targets=desired,
+        held_by=held_by,
+        last_rescale_s=np.where(moved, now_s, last_rescale_s),
+        recommendations=kept,
+        memory_changed=changed | moved,
+    )
+
+
+def remember(
+    recommendations: Sequence[tuple[Recommendation, ...]],
+    recommended: IntArray,
+    *,
+    now_s: float,
+    keep_s: float,
+) -> tuple[tuple[tuple[Recommendation, ...], ...], BoolArray]:
+    """Each job's recommendation changes after this round.
+
+    Only changes are stored (a recommendation holds until the next), so a job whose
+    recommendation stays the same keeps the same memory and costs no write. Changes that stopped
+    being in force before the longest window opened are dropped. A change recorded earlier at
+    the same ``now_s`` is replaced, so reconciling twice on one observation writes nothing the
+    second time.
+
+    Args:
+        recommendations: each job's stored recommendation changes, oldest first.
+        recommended: this round's recommendation for each job.
+        now_s: the reconcile time.
+        keep_s: the longest stabilization window; 0 keeps nothing.
+
+    Returns:
+        The new recommendation changes, and where they differ from the old.
+    """
+    out: list[tuple[Recommendation, ...]] = []
+    changed = np.zeros(len(recommendations), dtype=bool)
+    oldest = now_s - keep_s
+    for i, (recs, replicas) in enumerate(zip(recommendations, recommended.tolist(), strict=True)):
+        if keep_s <= 0:
+            kept: tuple[Recommendation, ...] = ()
+        elif recs and recs[-1][1] == replicas and recs[-1][0] <= now_s:
+            kept = recs
+        else:
+            kept = (*(r for r in recs if r[0] < now_s), Recommendation(now_s, replicas))
+        # Drop changes superseded before the window opened.
+        start = 0
+        while start + 1 < len(kept) and kept[start + 1][0] <= oldest:
+            start += 1
+        if start:
+            kept = kept[start:]
+        if kept is not recs and kept != recs:
+            changed[i] = True
+        out.append(kept)
+    return tuple(out), changed

@@ -1,0 +1,207 @@
+"""Allocation scenarios through ``decide``: a table of named cases, each a small cluster."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler_policy.engine import decide
+from scheduler_policy.model import JobKey, Reason
+from scheduler_policy.models_cache import ModelCache
+from tests.scheduler_policy.builders import (
+    make_job,
+    make_observation,
+    make_policy,
+    make_queue,
+)
+
+
+def targets(observation, policy):
+    plan = decide(observation, policy, models=ModelCache())
+    return {d.job.removeprefix("ns/"): (d.target_replicas, d.reason) for d in plan.decisions}
+
+
+SCENARIOS = {
+    "scale-up-into-idle-gpus": (
+        make_observation(make_job("a", current=2, max_replicas=8), free=8),
+        make_policy(),
+        {"a": (8, Reason.SCALE_UP_FOR_IDLE_GPUS)},
+    ),
+    "growth-limited-by-idle-gpus": (
+        make_observation(make_job("a", current=2), free=3),
+        make_policy(),
+        {"a": (5, Reason.SCALE_UP_FOR_IDLE_GPUS)},
+    ),
+    "growth-limited-by-capability": (
+        make_observation(make_job("a", current=2), queues=(make_queue(capability=4),), free=8),
+        make_policy(),
+        {"a": (4, Reason.SCALE_UP_FOR_IDLE_GPUS)},
+    ),
+    "no-borrowing-beyond-deserved": (
+        make_observation(
+            make_job("a", current=2), queues=(make_queue(capability=16, deserved=3),), free=8
+        ),
+        make_policy(borrow=False),
+        {"a": (3, Reason.SCALE_UP_FOR_IDLE_GPUS)},
+    ),
+    "borrowing-beyond-deserved": (
+        make_observation(
+            make_job("a", current=2), queues=(make_queue(capability=16, deserved=3),), free=8
+        ),
+        make_policy(borrow=True),
+        {"a": (8, Reason.SCALE_UP_FOR_IDLE_GPUS)},
+    ),
+    "shrink-for-pending-work-in-own-queue": (
+        make_observation(
+            make_job("a", current=6), queues=(make_queue(capability=8, pending=4),), free=0
+        ),
+        make_policy(),
+        {"a": (4, Reason.SHRINK_FOR_PENDING_WORK)},
+    ),
+    "shrink-borrowed-gpus-for-another-queues-pending-work": (
+        make_observation(
+            make_job("a", queue="research", current=8),
+            queues=(
+                make_queue("research", capability=16, deserved=4),
+                make_queue("prod", capability=16, deserved=12, pending=3),
+            ),
+            free=1,
+        ),
+        make_policy("research", "prod", borrow=True),
+        {"a": (6, Reason.SHRINK_FOR_PENDING_WORK)},
+    ),
+    "headroom-kept-free": (
+        make_observation(make_job("a", current=2), queues=(make_queue(capability=8),), free=8),
+        make_policy(headroom_gpus=3),
+        {"a": (5, Reason.SCALE_UP_FOR_IDLE_GPUS)},
+    ),
+    "shrink-for-headroom": (
+        make_observation(make_job("a", current=8), queues=(make_queue(capability=8),), free=0),
+        make_policy(headroom_gpus=3),
+        {"a": (5, Reason.SHRINK_FOR_HEADROOM)},
+    ),
+    "max-elastic-gpus-cap": (
+        make_observation(make_job("a", current=2), free=8),
+        make_policy(max_elastic_gpus=3),
+        {"a": (3, Reason.SCALE_UP_FOR_IDLE_GPUS)},
+    ),
+    "better-scaling-job-gets-the-gpus": (
+        make_observation(
+            make_job("linear", current=1, sigma=0.0),
+            make_job("poor", current=1, sigma=0.9),
+            free=3,
+        ),
+        make_policy(),
+        {"linear": (4, Reason.SCALE_UP_FOR_IDLE_GPUS), "poor": (1, Reason.AT_TARGET)},
+    ),
+    "running-replicas-are-not-taken-for-other-growth": (
+        make_observation(
+            make_job("linear", current=1, sigma=0.0),
+            make_job("poor", current=3, sigma=0.4),
+            queues=(make_queue(capability=4),),
+            free=4,
+        ),
+        make_policy(),
+        {"linear": (1, Reason.AT_TARGET), "poor": (3, Reason.AT_TARGET)},
+    ),
+    "hold-under-tolerance": (
+        make_observation(make_job("a", current=4, max_replicas=5, sigma=0.2), free=8),
+        make_policy(tolerance=0.1),
+        {"a": (4, Reason.WITHIN_TOLERANCE)},
+    ),
+    "restart-cost-larger-than-the-gain": (
+        make_observation(make_job("a", current=2, remaining_samples=5_000.0), free=8),
+        make_policy(restart_cost_s=30.0),
+        {"a": (2, Reason.RESTART_COST_EXCEEDS_GAIN)},
+    ),
+    "restart-cost-worth-paying-on-a-long-run": (
+        make_observation(make_job("a", current=2, remaining_samples=1e8), free=8),
+        make_policy(restart_cost_s=30.0),
+        {"a": (8, Reason.SCALE_UP_FOR_IDLE_GPUS)},
+    ),
+    "one-point-history-uses-the-prior-shape": (
+        make_observation(make_job("a", current=2, sizes=(2,)), free=2),
+        make_policy(),
+        {"a": (4, Reason.SCALE_UP_FOR_IDLE_GPUS)},
+    ),
+    "shrink-when-replicas-slow-the-job-down": (
+        make_observation(
+            make_job("a", current=8, sizes=(1, 2, 4, 8), sigma=0.1, kappa=0.05), free=0
+        ),
+        make_policy(),
+        {"a": (4, Reason.SHRINK_LOW_EFFICIENCY)},
+    ),
+    "cooldown-holds-a-recent-rescale": (
+        make_observation(make_job("a", current=2, last_rescale_s=1_000_000.0 - 60), free=8),
+        make_policy(cooldown_s=300.0),
+        {"a": (2, Reason.COOLDOWN)},
+    ),
+    "rate-limit": (
+        make_observation(make_job("a", current=2), free=8),
+        make_policy(max_step_up=2),
+        {"a": (4, Reason.LIMITED_BY_RATE)},
+    ),
+    "fractional-gpus": (
+        make_observation(make_job("a", current=2, gpus_per_replica=0.5), free=1.0),
+        make_policy(),
+        {"a": (4, Reason.SCALE_UP_FOR_IDLE_GPUS)},
+    ),
+    "metrics-stale-holds-even-under-pressure": (
+        make_observation(
+            make_job("a", current=6),
+            queues=(make_queue(capability=8, pending=4),),
+            free=0,
+            fresh=False,
+        ),
+        make_policy(),
+        {"a": (6, Reason.HOLD_METRICS_STALE)},
+    ),
+    "invalid-job-skipped-others-proceed": (
+        make_observation(
+            make_job("bad", min_replicas=5, max_replicas=2, current=2),
+            make_job("good", current=2),
+            free=2,
+        ),
+        make_policy(),
+        {"bad": (2, Reason.INVALID_JOB_SPEC), "good": (4, Reason.SCALE_UP_FOR_IDLE_GPUS)},
+    ),
+    "unknown-queue-is-invalid": (
+        make_observation(make_job("lost", queue="nowhere"), make_job("good", current=2), free=1),
+        make_policy(),
+        {"lost": (2, Reason.INVALID_JOB_SPEC), "good": (3, Reason.SCALE_UP_FOR_IDLE_GPUS)},
+    ),
+    "negative-gpus-is-invalid": (
+        make_observation(make_job("bad", gpus_per_replica=-1.0), free=1),
+        make_policy(),
+        {"bad": (2, Reason.INVALID_JOB_SPEC)},
+    ),
+    "queue-not-in-policy-left-alone": (
+        make_observation(
+            make_job("a", queue="other"), queues=(make_queue("q"), make_queue("other")), free=8
+        ),
+        make_policy("q"),
+        {"a": (2, Reason.QUEUE_NOT_MANAGED)},
+    ),
+    "raised-to-its-minimum": (
+        make_observation(make_job("a", current=1, min_replicas=3), free=0),
+        make_policy(),
+        {"a": (3, Reason.LIMITED_BY_BOUNDS)},
+    ),
+    "non-elastic-jobs-get-no-decision": (
+        make_observation(make_job("a", elastic=False), free=8),
+        make_policy(),
+        {},
+    ),
+}
+
+
+@pytest.mark.parametrize(("observation", "policy", "expected"), SCENARIOS.values(),
+                         ids=SCENARIOS.keys())  # fmt: skip
+def test_scenario(observation, policy, expected):
+    assert targets(observation, policy) == expected
+
+
+def test_decisions_carry_a_message_naming_the_cause():
+    observation, policy, _ = SCENARIOS["shrink-for-pending-work-in-own-queue"]
+    (decision,) = decide(observation, policy, models=ModelCache()).decisions
+    assert decision.job == JobKey("ns/a")
+    assert "pending non-elastic work needs 4 GPU(s)" in decision.message

@@ -1,0 +1,163 @@
+"""DemandForecaster: falls back honestly, learns a daily cycle, covers its quantile on real data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+
+from scheduler_policy.forecast import DemandForecaster
+from scheduler_policy.model import DemandPoint
+
+START_S = 1_600_000_000.0  # a Sunday, 12:26:40 UTC; the cycle below is in UTC time of day
+DAY_S = 86400.0
+HELIOS = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "helios-artifact"
+
+
+def make_daily_cycle(
+    days: float, *, seed: int = 0, step_s: float = 60.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(times, gpus): demand 20 ± 15 GPUs peaking at 06:00 UTC, with seeded noise of 3 GPUs."""
+    rng = np.random.default_rng(seed)
+    t = START_S + np.arange(0.0, days * DAY_S, step_s)
+    level = 20.0 + 15.0 * np.sin(2.0 * np.pi * np.mod(t, DAY_S) / DAY_S)
+    return t, np.maximum(0.0, np.round(level + rng.normal(0.0, 3.0, t.size)))
+
+
+@pytest.mark.parametrize(
+    ("minutes", "hyper", "reason"),
+    [
+        (60, {}, "60 history points, fewer than 120"),
+        (200, {"horizon_s": 7200.0}, "under two horizons"),
+        (1, {}, "1 history points"),
+    ],
+    ids=["under-min-points", "under-two-horizons", "single-point"],
+)
+def test_short_history_falls_back_to_the_recent_peak_and_says_so(
+    minutes: int, hyper: dict[str, float], reason: str
+) -> None:
+    t = START_S + 60.0 * np.arange(minutes)
+    y = np.full(minutes, 4.0)
+    y[minutes // 2] = 9.0  # a spike inside the last horizon is the persistence forecast
+    model = DemandForecaster(**hyper).fit(t[:, None], y)
+    assert model.fallback_
+    assert reason in model.fallback_reason_
+    assert model.coverage_ is None and model.pinball_loss_ is None
+    assert model.forecast_at(t[-1]) == 9.0
+
+
+def test_learns_a_daily_cycle() -> None:
+    t, y = make_daily_cycle(8)
+    model = DemandForecaster(quantile=0.9).fit(t[:, None], y)
+    assert not model.fallback_ and model.fallback_reason_ == ""
+    last_day = t[-1440:]
+    forecast = model.predict(last_day[:, None])
+    hour = np.mod(last_day, DAY_S) // 3600
+    # Demand peaks at 06:00 UTC (35 GPUs) and bottoms at 18:00 (5 GPUs).
+    assert (
+        forecast[(hour >= 4) & (hour < 8)].mean() > forecast[(hour >= 16) & (hour < 20)].mean() + 20
+    )
+    # One held-out day is about 46 independent 30-minute windows; tolerance is wider than ±0.1.
+    assert model.coverage_ is not None and abs(model.coverage_ - 0.9) <= 0.12
+    assert model.pinball_loss_ is not None and 0.0 < model.pinball_loss_ < 3.0
+
+
+def test_higher_quantile_forecasts_more() -> None:
+    t, y = make_daily_cycle(5, seed=1)
+    at = t[-720:, None]
+    median = DemandForecaster(quantile=0.5).fit(t[:, None], y).predict(at)
+    high = DemandForecaster(quantile=0.9).fit(t[:, None], y).predict(at)
+    assert high.mean() > median.mean() + 1.0
+    assert np.mean(high >= median) > 0.9
+
+
+@pytest.mark.parametrize("quantile", [0.1, 0.5, 0.9], ids=["q10", "q50", "q90"])
+def test_never_negative_and_never_below_demand_now(quantile: float) -> None:
+    rng = np.random.default_rng(7)
+    t = START_S + 60.0 * np.arange(3 * 1440)
+    y = np.where(rng.random(t.size) < 0.7, 0.0, rng.integers(1, 8, t.size).astype(float))
+    model = DemandForecaster(quantile=quantile).fit(t[:, None], y)
+    forecast = model.predict(t[:, None])
+    assert np.all(forecast >= 0.0)
+    assert np.all(forecast >= y)
+
+
+def test_times_past_the_history_use_the_last_state() -> None:
+    t, y = make_daily_cycle(3)
+    model = DemandForecaster().fit(t[:, None], y)
+    later = model.forecast_at(t[-1] + 3600.0)
+    assert np.isfinite(later) and later >= y[-1]
+
+
+@pytest.mark.parametrize(
+    ("X", "y", "hyper", "error", "match"),
+    [
+        ([[2.0], [1.0]], [1.0, 1.0], {}, ValueError, "sorted"),
+        ([[1.0], [2.0]], [1.0, -1.0], {}, ValueError, r"gpus must be finite and >= 0, got -1\.0"),
+        ([[1.0], [2.0]], [1.0, float("nan")], {}, ValueError, "gpus must be finite"),
+        (
+            [[1.0], [2.0]],
+            [1.0, 1.0],
+            {"quantile": 1.5},
+            ValueError,
+            r"must be in \(0, 1\), got 1\.5",
+        ),
+        ([[1.0], [2.0]], [1.0, 1.0], {"step_s": 0.0}, ValueError, r"step_s: must be > 0"),
+        ([[1.0, 2.0]], [1.0], {}, ValueError, "one column of times"),
+    ],
+    ids=["unsorted", "negative-gpus", "nan-gpus", "quantile-1.5", "zero-step", "two-columns"],
+)
+def test_invalid_input_is_rejected(
+    X: list[list[float]],
+    y: list[float],
+    hyper: dict[str, float],
+    error: type[Exception],
+    match: str,
+) -> None:
+    with pytest.raises(error, match=match):
+        DemandForecaster(**hyper).fit(X, y)
+
+
+def test_predict_before_fit_and_before_history() -> None:
+    with pytest.raises(NotFittedError):
+        DemandForecaster().forecast_at(START_S)
+    t, y = make_daily_cycle(0.5)
+    model = DemandForecaster().fit(t[:, None], y)
+    with pytest.raises(ValueError, match="first fitted time"):
+        model.forecast_at(START_S - 60.0)
+
+
+def test_from_points_and_clone() -> None:
+    t, y = make_daily_cycle(1)
+    points = [DemandPoint(time_s=float(a), gpus=float(b)) for a, b in zip(t, y, strict=True)]
+    model = DemandForecaster.from_points(points, quantile=0.8)
+    twin = clone(model).fit(t[:, None], y)
+    np.testing.assert_array_equal(model.predict(t[-10:, None]), twin.predict(t[-10:, None]))
+    assert model.get_params()["quantile"] == 0.8
+    with pytest.raises(ValueError, match="no demand history"):
+        DemandForecaster.from_points([])
+
+
+def _helios_demand(vc: str) -> np.ndarray:
+    """Per-minute GPUs requested (running + pending) by a Helios Earth virtual cluster, May 2020."""
+    path = HELIOS / "earth_vcs" / vc / "cluster_sequence_vc.csv"
+    if not path.exists():
+        pytest.skip(f"Helios trace not present at {path}")
+    header = path.open().readline().strip().split(",")
+    cols = (header.index("running_gpu_num"), header.index("pending_gpu_num"))
+    data = np.loadtxt(path, delimiter=",", skiprows=1, usecols=cols)
+    demand: np.ndarray = data.sum(axis=1)
+    return demand
+
+
+@pytest.mark.parametrize("vc", ["vc3sl", "vcJLV"])
+def test_coverage_on_a_held_out_helios_day(vc: str) -> None:
+    demand = _helios_demand(vc)
+    window = slice(7 * 1440, 15 * 1440)  # 8 days from 2020-05-08; the last day is held out
+    t = 1_588_291_200.0 + 60.0 * np.arange(demand.size)  # 2020-05-01 00:00 UTC
+    model = DemandForecaster(quantile=0.9).fit(t[window, None], demand[window])
+    assert not model.fallback_
+    assert model.coverage_ is not None and abs(model.coverage_ - 0.9) <= 0.1

@@ -1,0 +1,1 @@
+"""tide: elastic GPU autoscaling for Kubernetes clusters scheduled by Volcano."""
