@@ -67,9 +67,8 @@ def synthetic(jobs: int, queues: int, *, seed: int) -> tuple[Observation, Elasti
                 throughput_history=history,
                 remaining_samples=float(rng.uniform(1e5, 1e8)),
                 last_rescale_s=NOW_S - float(rng.uniform(0, 3600)),
-                recommendations=tuple(
-                    Recommendation(NOW_S - 60.0 * k, current) for k in range(5, 0, -1)
-                ),
+                # Steady state: the memory holds the one recommendation in force.
+                recommendations=(Recommendation(NOW_S - 300.0, current),),
             )
         )
     observation = Observation(

@@ -13,12 +13,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-
-from scheduler_policy.allocate import Allocation, JobCurve, allocate
+from scheduler_policy.allocate import Allocation, allocate
 from scheduler_policy.budget import QueueBudget, growth_pool_gpus, queue_budgets
 from scheduler_policy.errors import ConflictError, PermanentError, TemporaryError
-from scheduler_policy.messages import decision_message
+from scheduler_policy.job_table import JobTable
+from scheduler_policy.messages import DecisionContext
 from scheduler_policy.model import (
     JobPhase,
     JobState,
@@ -176,16 +175,20 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
         observation, policy, elastic_jobs=ready, forecast_headroom_gpus=forecasts
     )
     ready = [job for job in ready if job.queue in budgets]
-    curves = [models.curve(job, now_s=now_s) for job in ready]
-    allocation = allocate(
+    table = JobTable.build(
         ready,
-        curves,
+        [models.curve(job, now_s=now_s) for job in ready],
+        queue_names=list(budgets),
+        default_restart_cost_s=policy.defaults.restart_cost_s,
+    )
+    allocation = allocate(
+        table,
         budgets=budgets,
         growth_pool_gpus=growth_pool_gpus(observation),
         defaults=policy.defaults,
     )
     decisions, changes = _stabilized_decisions(
-        ready, allocation, budgets=budgets, curves=curves, policy=policy, now_s=now_s
+        table, allocation, budgets=budgets, policy=policy, now_s=now_s
     )
     decisions.extend(held)
     decisions.sort(key=lambda d: d.job)
@@ -193,27 +196,22 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
 
 
 def _stabilized_decisions(
-    jobs: list[JobState],
+    table: JobTable,
     allocation: Allocation,
     *,
     budgets: dict[QueueName, QueueBudget],
-    curves: Sequence[JobCurve],
     policy: ElasticPolicy,
     now_s: float,
 ) -> tuple[list[ScalingDecision], list[ReplicaChange]]:
-    current = np.asarray([j.current_replicas for j in jobs], dtype=np.int64)
     result = stabilize(
-        current=current,
+        current=table.current,
         recommended=allocation.targets,
         gains=allocation.gains,
         forced=allocation.forced,
-        min_replicas=np.asarray([j.min_replicas for j in jobs], dtype=np.int64),
-        max_replicas=np.asarray([j.max_replicas for j in jobs], dtype=np.int64),
-        last_rescale_s=np.asarray(
-            [np.nan if j.last_rescale_s is None else j.last_rescale_s for j in jobs],
-            dtype=np.float64,
-        ),
-        recommendations=[j.recommendations for j in jobs],
+        min_replicas=table.min_replicas,
+        max_replicas=table.max_replicas,
+        last_rescale_s=table.last_rescale_s,
+        recommendations=[j.recommendations for j in table.jobs],
         defaults=policy.defaults,
         interval_s=policy.interval_s,
         now_s=now_s,
@@ -225,27 +223,22 @@ def _stabilized_decisions(
     gains = allocation.gains.tolist()
     next_gains = allocation.next_gains.tolist()
     memory_changed = result.memory_changed.tolist()
-    for i, job in enumerate(jobs):
+    measured = table.measured.tolist()
+    for i, job in enumerate(table.jobs):
         target = targets[i]
         reason = result.held_by[i] or allocation.reasons[i]
-        message = decision_message(
-            reason,
-            job=job,
-            target=target,
-            recommended=recommended[i],
-            gain=gains[i],
-            next_gain=next_gains[i],
-            budget=budgets[job.queue],
-            defaults=policy.defaults,
-            measured=curves[i].measured,
-        )
-        decisions.append(ScalingDecision(job.key, job.current_replicas, target, reason, message))
-        if target != job.current_replicas:
-            logger.info(
-                "job %s: %d -> %d %s: %s",
-                job.key, job.current_replicas, target, reason.value, message,
-            )  # fmt: skip
+        why = DecisionContext(
+            reason, job, target, recommended[i], gains[i], next_gains[i], budgets[job.queue],
+            policy.defaults, measured[i],
+        )  # fmt: skip
+        decisions.append(ScalingDecision(job.key, job.current_replicas, target, reason, why))
         if memory_changed[i]:
+            message = why.render()
+            if target != job.current_replicas:
+                logger.info(
+                    "job %s: %d -> %d %s: %s",
+                    job.key, job.current_replicas, target, reason.value, message,
+                )  # fmt: skip
             changes.append(
                 ReplicaChange(job.key, job.task, job.current_replicas, target,
                               result.memory(i), reason, message)

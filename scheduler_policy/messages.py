@@ -2,9 +2,39 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from scheduler_policy.budget import QueueBudget
 from scheduler_policy.model import JobState, Reason
 from scheduler_policy.policy import Defaults
+
+
+class DecisionContext(NamedTuple):
+    """What a decision's message is made from; rendered only when someone reads it."""
+
+    reason: Reason
+    job: JobState
+    target: int
+    recommended: int
+    gain: float
+    next_gain: float
+    budget: QueueBudget
+    defaults: Defaults
+    measured: bool
+
+    def render(self) -> str:
+        """The decision's sentence; see ``decision_message``."""
+        return decision_message(
+            self.reason,
+            job=self.job,
+            target=self.target,
+            recommended=self.recommended,
+            gain=self.gain,
+            next_gain=self.next_gain,
+            budget=self.budget,
+            defaults=self.defaults,
+            measured=self.measured,
+        )
 
 
 def _gpus(value: float) -> str:

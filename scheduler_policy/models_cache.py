@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from scheduler_policy.allocate import JobCurve
 from scheduler_policy.errors import ModelFitError
 from scheduler_policy.forecast import DemandForecaster
+from scheduler_policy.job_table import JobCurve
 from scheduler_policy.model import JobKey, JobState, QueueName, QueueState
 from scheduler_policy.policy import Headroom
 from scheduler_policy.scaling_model import ScalingModel

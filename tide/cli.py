@@ -113,5 +113,6 @@ def plan(
 
 def main() -> None:
     """Entry point of the ``tide`` console script."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Decisions already carry their reasons; log only what they cannot say.
+    logging.basicConfig(level=logging.ERROR, format="%(levelname)s %(name)s: %(message)s")
     app()

@@ -1,0 +1,116 @@
+"""The running elastic jobs as columns, built once per decision for the vectorised phases."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import attrgetter
+
+import numpy as np
+import numpy.typing as npt
+
+from scheduler_policy.model import JobState, QueueName
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+_SIZES = attrgetter("min_replicas", "max_replicas", "current_replicas", "gpus_per_replica")
+_OPTIONAL = attrgetter("restart_cost_s", "remaining_samples", "last_rescale_s")
+_CURVE = attrgetter("lambda_samples_per_s", "sigma", "kappa", "measured")
+
+
+@dataclass(frozen=True, slots=True)
+class JobCurve:
+    """A job's fitted scaling curve, X(n) = λn / (1 + σ(n−1) + κn(n−1)).
+
+    Attributes:
+        lambda_samples_per_s: λ, throughput of one replica (1.0 when ``measured`` is False).
+        sigma: σ, contention.
+        kappa: κ, coherency delay.
+        measured: whether λ comes from the job's own measurements.
+    """
+
+    lambda_samples_per_s: float
+    sigma: float
+    kappa: float
+    measured: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobTable:
+    """One entry per job in every column, aligned with ``jobs``.
+
+    Attributes:
+        jobs: the jobs.
+        queue_names: the queues, sorted; ``queue_index`` points into it.
+        queue_index: each job's queue.
+        min_replicas: each job's minimum (never below 0).
+        max_replicas: each job's maximum (never below its minimum).
+        current: replicas now.
+        gpus_per_replica: GPUs per replica.
+        restart_cost_s: seconds a restart costs (the policy default where the job sets none).
+        remaining_samples: samples left, NaN where unknown or the curve is not measured.
+        last_rescale_s: when the job was last rescaled, NaN for never.
+        lam, sigma, kappa: each job's scaling curve.
+        measured: whether the curve comes from the job's own measurements.
+    """
+
+    jobs: tuple[JobState, ...]
+    queue_names: tuple[QueueName, ...]
+    queue_index: IntArray
+    min_replicas: IntArray
+    max_replicas: IntArray
+    current: IntArray
+    gpus_per_replica: FloatArray
+    restart_cost_s: FloatArray
+    remaining_samples: FloatArray
+    last_rescale_s: FloatArray
+    lam: FloatArray
+    sigma: FloatArray
+    kappa: FloatArray
+    measured: BoolArray
+
+    @classmethod
+    def build(
+        cls,
+        jobs: Sequence[JobState],
+        curves: Sequence[JobCurve],
+        *,
+        queue_names: Sequence[QueueName],
+        default_restart_cost_s: float,
+    ) -> JobTable:
+        """Columns for ``jobs`` and their ``curves`` (aligned).
+
+        Args:
+            jobs: the jobs, each in one of ``queue_names``.
+            curves: each job's scaling curve.
+            queue_names: every queue a job may be in.
+            default_restart_cost_s: the restart cost of jobs that set none.
+        """
+        count = len(jobs)
+        sizes = np.asarray(list(map(_SIZES, jobs)), dtype=np.float64).reshape(count, 4)
+        # None becomes NaN in a float array.
+        optional = np.asarray(list(map(_OPTIONAL, jobs)), dtype=np.float64).reshape(count, 3)
+        curve = np.asarray(list(map(_CURVE, curves)), dtype=np.float64).reshape(count, 4)
+        names = tuple(sorted(queue_names))
+        index = {name: i for i, name in enumerate(names)}
+        lo = np.maximum(sizes[:, 0], 0).astype(np.int64)
+        measured = curve[:, 3] > 0
+        restart = optional[:, 0]
+        return cls(
+            jobs=tuple(jobs),
+            queue_names=names,
+            queue_index=np.asarray([index[j.queue] for j in jobs], dtype=np.int64),
+            min_replicas=lo,
+            max_replicas=np.maximum(sizes[:, 1].astype(np.int64), lo),
+            current=sizes[:, 2].astype(np.int64),
+            gpus_per_replica=sizes[:, 3],
+            restart_cost_s=np.where(np.isnan(restart), default_restart_cost_s, restart),
+            remaining_samples=np.where(measured, optional[:, 1], np.nan),
+            last_rescale_s=optional[:, 2],
+            lam=curve[:, 0],
+            sigma=curve[:, 1],
+            kappa=curve[:, 2],
+            measured=measured,
+        )
