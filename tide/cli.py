@@ -48,10 +48,10 @@ def plan_observation(*, observation: Observation, policy: ElasticPolicy) -> Plan
 
 def _plan_table(plan: Plan) -> Table:
     table = Table(title="tide plan", show_lines=False)
-    table.add_column("job")
-    table.add_column("replicas", justify="right")
-    table.add_column("reason")
-    table.add_column("message", overflow="fold")
+    table.add_column("job", no_wrap=True)
+    table.add_column("replicas", justify="right", no_wrap=True)
+    table.add_column("reason", no_wrap=True)
+    table.add_column("message", ratio=1, min_width=30)
     for d in plan.decisions:
         arrow = f"{d.current_replicas} → {d.target_replicas}"
         style = (

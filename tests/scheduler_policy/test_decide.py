@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from scheduler_policy.engine import decide
-from scheduler_policy.model import JobKey, Reason
+from scheduler_policy.model import DemandPoint, JobKey, QueueName, Reason
 from scheduler_policy.models_cache import ModelCache
+from scheduler_policy.policy import Headroom, QueuePolicy
 from tests.scheduler_policy.builders import (
+    NOW_S,
     make_job,
     make_observation,
     make_policy,
@@ -198,6 +202,20 @@ SCENARIOS = {
                          ids=SCENARIOS.keys())  # fmt: skip
 def test_scenario(observation, policy, expected):
     assert targets(observation, policy) == expected
+
+
+def test_forecast_demand_is_kept_free_as_headroom():
+    # The queue's non-elastic work requested 6 GPUs all afternoon and holds none right now:
+    # with a forecast quantile set, those 6 GPUs stay free of elastic growth.
+    history = tuple(DemandPoint(NOW_S - 60.0 * m, 6.0) for m in range(180, 0, -1))
+    queue = dataclasses.replace(make_queue(capability=10), demand_history=history)
+    observation = make_observation(make_job("a", current=2), queues=(queue,), free=8)
+    policy = dataclasses.replace(
+        make_policy(),
+        queues=(QueuePolicy(QueueName("q"), headroom=Headroom(forecast_quantile=0.9)),),
+    )
+    assert targets(observation, policy) == {"a": (4, Reason.SCALE_UP_FOR_IDLE_GPUS)}
+    assert targets(observation, make_policy()) == {"a": (8, Reason.SCALE_UP_FOR_IDLE_GPUS)}
 
 
 def test_decisions_carry_a_message_naming_the_cause():
