@@ -12,6 +12,9 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
+
+import numpy as np
 
 from scheduler_policy.allocate import Allocation, allocate
 from scheduler_policy.budget import QueueBudget, growth_pool_gpus, queue_budgets
@@ -216,33 +219,42 @@ def _stabilized_decisions(
         interval_s=policy.interval_s,
         now_s=now_s,
     )
-    decisions: list[ScalingDecision] = []
-    changes: list[ReplicaChange] = []
+    # Built column-wise with map: at 10,000 jobs a per-job loop body costs more than the
+    # allocation itself.
+    jobs = table.jobs
     targets = result.targets.tolist()
-    recommended = allocation.targets.tolist()
-    gains = allocation.gains.tolist()
-    next_gains = allocation.next_gains.tolist()
-    memory_changed = result.memory_changed.tolist()
-    measured = table.measured.tolist()
-    for i, job in enumerate(table.jobs):
-        target = targets[i]
-        reason = result.held_by[i] or allocation.reasons[i]
-        why = DecisionContext(
-            reason, job, target, recommended[i], gains[i], next_gains[i], budgets[job.queue],
-            policy.defaults, measured[i],
-        )  # fmt: skip
-        decisions.append(ScalingDecision(job.key, job.current_replicas, target, reason, why))
-        if memory_changed[i]:
-            message = why.render()
-            if target != job.current_replicas:
-                logger.info(
-                    "job %s: %d -> %d %s: %s",
-                    job.key, job.current_replicas, target, reason.value, message,
-                )  # fmt: skip
-            changes.append(
-                ReplicaChange(job.key, job.task, job.current_replicas, target,
-                              result.memory(i), reason, message)
+    reasons = [held or own for held, own in zip(result.held_by, allocation.reasons, strict=True)]
+    queue_budget = [budgets[q] for q in table.queue_names]
+    whys = list(
+        map(
+            DecisionContext,
+            reasons,
+            jobs,
+            targets,
+            allocation.targets.tolist(),
+            allocation.gains.tolist(),
+            allocation.next_gains.tolist(),
+            [queue_budget[q] for q in table.queue_index.tolist()],
+            repeat(policy.defaults),
+            table.measured.tolist(),
+        )
+    )
+    decisions = list(
+        map(ScalingDecision, [j.key for j in jobs], table.current.tolist(), targets, reasons, whys)
+    )
+    changes: list[ReplicaChange] = []
+    for i in np.flatnonzero(result.memory_changed).tolist():
+        job, decision = jobs[i], decisions[i]
+        message = whys[i].render()
+        if decision.changes:
+            logger.info(
+                "job %s: %d -> %d %s: %s",
+                job.key, job.current_replicas, decision.target_replicas, reasons[i].value, message,
             )  # fmt: skip
+        changes.append(
+            ReplicaChange(job.key, job.task, job.current_replicas, decision.target_replicas,
+                          result.memory(i), reasons[i], message)
+        )  # fmt: skip
     return decisions, changes
 
 
