@@ -1,0 +1,67 @@
+"""An elastic training script for torchrun: a small model on synthetic data, CPU and gloo.
+
+Run locally with ``torchrun --nnodes=1:3 --nproc-per-node=1 --rdzv-backend=c10d
+--rdzv-endpoint=127.0.0.1:29400 manifests/examples/train_elastic.py --ckpt-dir /tmp/ckpt``;
+start and stop further agents with the same arguments to rescale it. The lines marked ``# tide``
+are all it takes on top of a plain DDP script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, TensorDataset
+
+from worker_runtime import ElasticRun  # tide
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ckpt-dir", required=True, help="checkpoint directory (a PVC)")
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--global-batch", type=int, default=96, help="samples per step")
+    parser.add_argument("--micro-batch", type=int, default=8, help="samples per worker pass")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO)
+
+    torch.manual_seed(0)
+    inputs = torch.randn(4096, 32)
+    data = TensorDataset(inputs, inputs @ torch.randn(32, 1))
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=1000)
+
+    run = ElasticRun(  # tide
+        checkpoint_dir=args.ckpt_dir,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        micro_batch_size=args.micro_batch,
+        global_batch_size=args.global_batch,
+        checkpoint_every_steps=50,
+        checkpoint_every_s=300,
+    )
+    with run:  # tide: joins the group, loads the latest checkpoint, handles SIGTERM
+        ddp = DistributedDataParallel(model) if dist.is_initialized() else model
+        sampler = run.make_sampler(data)  # tide
+        loader = DataLoader(data, batch_size=args.micro_batch, sampler=sampler)
+        for epoch in run.epochs(args.epochs):  # tide
+            for batches in run.steps(loader):  # tide: one optimizer step
+                for i, (x, y) in enumerate(batches):
+                    with run.sync_gradients(ddp, last=i == len(batches) - 1):  # tide
+                        loss = nn.functional.mse_loss(ddp(x), y) / len(batches)
+                        loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                scheduler.step()
+            if run.rank == 0:
+                logging.info("epoch %s done at step %s, loss %.4f", epoch, run.step, loss.item())
+
+
+if __name__ == "__main__":
+    main()

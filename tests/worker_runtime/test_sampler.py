@@ -1,0 +1,103 @@
+"""ElasticSampler: every sample once per epoch across any sequence of world sizes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from worker_runtime import ConfigError, ElasticSampler
+
+
+def run_epoch(size: int, global_batch: int, worlds: list[int], *, shuffle: bool) -> list[int]:
+    """Consume one epoch, switching world size after each listed step (last size repeats)."""
+    seen: list[int] = []
+    consumed, step = 0, 0
+    while True:
+        world = worlds[min(step, len(worlds) - 1)]
+        ranks = [
+            ElasticSampler(
+                range(size),
+                rank=r,
+                world_size=world,
+                seed=3,
+                shuffle=shuffle,
+                global_batch_size=global_batch,
+                drop_last=True,
+            )
+            for r in range(world)
+        ]
+        for s in ranks:
+            s.set_position(epoch=1, consumed_samples=consumed)
+        if ranks[0].remaining_samples() == 0:
+            return seen
+        per_rank = global_batch // world
+        for s in ranks:  # one global step: each rank takes its first per_rank indices
+            seen += list(s)[:per_rank]
+        consumed += global_batch
+        step += 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(1, 200),
+    per_world=st.sampled_from([1, 2, 3]),
+    worlds=st.lists(st.sampled_from([1, 2, 3, 4, 6]), min_size=1, max_size=30),
+    shuffle=st.booleans(),
+)
+def test_every_sample_once_per_epoch_for_any_world_sequence(
+    size: int, per_world: int, worlds: list[int], shuffle: bool
+) -> None:
+    global_batch = 12 * per_world  # divisible by every world size drawn
+    seen = run_epoch(size, global_batch, worlds, shuffle=shuffle)
+    kept = size - size % global_batch
+    assert len(seen) == len(set(seen)) == kept
+    order = ElasticSampler(range(size), rank=0, world_size=1, seed=3, shuffle=shuffle)
+    order.set_position(epoch=1, consumed_samples=0)
+    assert sorted(seen) == sorted(order.order()[:kept])
+
+
+@settings(max_examples=100, deadline=None)
+@given(size=st.integers(0, 100), world=st.integers(1, 5), consumed=st.integers(0, 100))
+def test_ranks_partition_the_rest_without_drop_last(size: int, world: int, consumed: int) -> None:
+    consumed = min(consumed, size)
+    samplers = [ElasticSampler(range(size), rank=r, world_size=world) for r in range(world)]
+    for s in samplers:
+        s.set_position(epoch=0, consumed_samples=consumed)
+    got = [i for s in samplers for i in s]
+    assert sorted(got) == sorted(samplers[0].order()[consumed:])
+    assert [len(s) for s in samplers] == [len(list(s)) for s in samplers]
+
+
+@pytest.mark.parametrize(
+    ("shuffle", "epochs_differ"), [(True, True), (False, False)], ids=["shuffled", "identity"]
+)
+def test_epoch_selects_the_permutation(shuffle: bool, epochs_differ: bool) -> None:
+    s = ElasticSampler(range(50), rank=0, world_size=1, shuffle=shuffle, seed=1)
+    first = s.order()
+    s.set_position(epoch=1, consumed_samples=0)
+    assert (s.order() != first) is epochs_differ
+    assert sorted(s.order()) == list(range(50))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"rank": 2, "world_size": 2}, "rank: must be in [0, world_size=2), got 2"),
+        ({"rank": 0, "world_size": 0}, "world_size: must be >= 1, got 0"),
+        ({"rank": 0, "world_size": 1, "drop_last": True}, "global_batch_size: required"),
+        ({"rank": 0, "world_size": 3, "global_batch_size": 8}, "global_batch_size=8"),
+    ],
+    ids=["rank-out-of-range", "zero-world", "drop-last-without-batch", "batch-not-divisible"],
+)
+def test_invalid_arguments_are_named(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        ElasticSampler(range(10), **kwargs)  # type: ignore[arg-type]
+
+
+def test_position_beyond_dataset_is_refused() -> None:
+    s = ElasticSampler(range(10), rank=0, world_size=1)
+    with pytest.raises(ConfigError, match="consumed_samples: must be in \\[0, 10\\], got 11"):
+        s.set_position(epoch=0, consumed_samples=11)

@@ -1,0 +1,104 @@
+"""Prometheus metrics of one training pod, served by its local rank 0.
+
+Every metric carries the labels ``volcano_job`` (``VOLCANO_JOB_NAME``) and ``namespace``
+(``POD_NAMESPACE``). ``tide_worker_samples_total`` counts the samples this pod's workers trained
+on, so summing its rate over the pods of a job gives the job's throughput; the other counters
+describe the job as this pod saw it (take ``max`` over pods).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+logger = logging.getLogger(__name__)
+
+_STEP_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_CHECKPOINT_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+LABELS = ("volcano_job", "namespace")
+
+
+class WorkerMetrics:
+    """The worker's metrics in one registry.
+
+    Args:
+        registry: Registry the metrics are registered in (a fresh one per run by default; tests
+            pass their own).
+        job_name: Value of the ``volcano_job`` label.
+        namespace: Value of the ``namespace`` label.
+    """
+
+    def __init__(
+        self, *, registry: CollectorRegistry | None = None, job_name: str = "", namespace: str = ""
+    ) -> None:
+        self.registry = CollectorRegistry() if registry is None else registry
+        labels = {"volcano_job": job_name, "namespace": namespace}
+        reg = self.registry
+        self.samples = Counter(
+            "tide_worker_samples",
+            "Samples trained on by this pod's workers.",
+            LABELS,
+            registry=reg,
+        ).labels(**labels)
+        self.steps = Counter(
+            "tide_worker_steps", "Optimizer steps completed by the job.", LABELS, registry=reg
+        ).labels(**labels)
+        self.step_seconds = Histogram(
+            "tide_worker_step_seconds",
+            "Wall time of one optimizer step, data loading included.",
+            LABELS,
+            buckets=_STEP_BUCKETS_S,
+            registry=reg,
+        ).labels(**labels)
+        self.world_size = Gauge(
+            "tide_worker_world_size", "Workers in the current membership.", LABELS, registry=reg
+        ).labels(**labels)
+        self.checkpoint_blocked_seconds = Histogram(
+            "tide_worker_checkpoint_blocked_seconds",
+            "Time training was blocked by one checkpoint save.",
+            LABELS,
+            buckets=_CHECKPOINT_BUCKETS_S,
+            registry=reg,
+        ).labels(**labels)
+        self.checkpoint_save_seconds = Histogram(
+            "tide_worker_checkpoint_save_seconds",
+            "Time to serialize and commit one checkpoint to storage.",
+            LABELS,
+            buckets=_CHECKPOINT_BUCKETS_S,
+            registry=reg,
+        ).labels(**labels)
+        self.checkpoint_load_seconds = Gauge(
+            "tide_worker_checkpoint_load_seconds",
+            "Time the last start spent loading its checkpoint.",
+            LABELS,
+            registry=reg,
+        ).labels(**labels)
+        self.restarts = Counter(
+            "tide_worker_restarts",
+            "Starts of the job that resumed from a checkpoint (rescales and failures).",
+            LABELS,
+            registry=reg,
+        ).labels(**labels)
+        self.rescales = Counter(
+            "tide_worker_rescales",
+            "Starts of the job at a different world size than its checkpoint.",
+            LABELS,
+            registry=reg,
+        ).labels(**labels)
+        self.samples_lost = Counter(
+            "tide_worker_samples_lost",
+            "Samples trained on after the checkpoint a restart resumed from (redone work).",
+            LABELS,
+            registry=reg,
+        ).labels(**labels)
+
+    def serve(self, port: int, *, addr: str = "0.0.0.0") -> None:
+        """Serve the registry over HTTP in a daemon thread.
+
+        Args:
+            port: TCP port.
+            addr: Address to bind.
+        """
+        start_http_server(port, addr=addr, registry=self.registry)
+        logger.info("serving worker metrics on %s:%s", addr, port)

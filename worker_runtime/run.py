@@ -1,0 +1,364 @@
+"""``ElasticRun``: training state, checkpoints, SIGTERM and data position in one object."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from prometheus_client import CollectorRegistry
+
+from worker_runtime import collectives
+from worker_runtime.batching import BatchPlan, ScalingMode, plan_batch
+from worker_runtime.checkpoint import AsyncCheckpointer, SaveResult
+from worker_runtime.env import WorkerEnv
+from worker_runtime.errors import ConfigError
+from worker_runtime.metrics import WorkerMetrics
+from worker_runtime.resume import Position, ResumeInfo, write_progress
+from worker_runtime.sampler import ElasticSampler
+from worker_runtime.signals import StopRequest
+from worker_runtime.state import TrainingState
+from worker_runtime.storage import CheckpointManifest, CheckpointStore
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+EXIT_CODE_TERMINATED = 143
+_NOTHING, _SAVE, _SAVE_AND_EXIT = 0, 1, 2
+
+
+class ElasticRun:
+    """Wraps a training loop so that restarts lose nothing.
+
+    Use as a context manager: entering joins the process group (if the script has not), installs
+    the SIGTERM handler, starts the metrics server and loads the latest valid checkpoint; the
+    :meth:`epochs` and :meth:`steps` iterators do the bookkeeping at every step boundary.
+
+    Args:
+        checkpoint_dir: Checkpoint directory on a filesystem every worker sees (a PVC).
+        model: Module whose ``state_dict`` is saved (a DDP wrapper is unwrapped).
+        optimizer: Optimizer whose ``state_dict`` is saved.
+        micro_batch_size: Samples per forward/backward pass on one worker.
+        global_batch_size: Samples per optimizer step (mode ``FIXED_GLOBAL_BATCH``).
+        scheduler: Learning-rate scheduler to save, if any.
+        scaling: How batch and learning rate follow the world size.
+        accumulation_steps: Micro batches per step in the learning-rate modes.
+        base_world_size: World size the learning rate was tuned for (learning-rate modes).
+        checkpoint_every_steps: Save every this many steps; ``None`` disables it.
+        checkpoint_every_s: Save when this many seconds passed since the last save; ``None``
+            disables it.
+        keep_checkpoints: Checkpoints kept on storage.
+        extras: A dict of the user's own state, saved and restored in place.
+        seed: Seed of the data order and of the generators of ranks a checkpoint lacks.
+        registry: Prometheus registry (a fresh one when ``None``).
+        environ: Environment to read (``os.environ`` when ``None``).
+        backend: Process-group backend used when the script has not initialized one.
+
+    Raises:
+        ConfigError: When a setting or environment variable is invalid.
+        BatchConfigError: When the batch sizes do not fit the world size.
+    """
+
+    def __init__(
+        self,
+        *,
+        checkpoint_dir: str | Path,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        micro_batch_size: int,
+        global_batch_size: int | None = None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+        scaling: ScalingMode = ScalingMode.FIXED_GLOBAL_BATCH,
+        accumulation_steps: int = 1,
+        base_world_size: int | None = None,
+        checkpoint_every_steps: int | None = 100,
+        checkpoint_every_s: float | None = None,
+        keep_checkpoints: int = 3,
+        extras: dict[str, Any] | None = None,
+        seed: int = 0,
+        registry: CollectorRegistry | None = None,
+        environ: Mapping[str, str] | None = None,
+        backend: str = "gloo",
+    ) -> None:
+        if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
+            raise ConfigError(f"checkpoint_every_steps: must be >= 1, got {checkpoint_every_steps}")
+        if checkpoint_every_s is not None and checkpoint_every_s <= 0:
+            raise ConfigError(f"checkpoint_every_s: must be > 0, got {checkpoint_every_s}")
+        self.env = WorkerEnv.from_environ(environ)
+        self.plan: BatchPlan = plan_batch(
+            mode=scaling,
+            world_size=self.env.world_size,
+            micro_batch_size=micro_batch_size,
+            global_batch_size=global_batch_size,
+            accumulation_steps=accumulation_steps,
+            base_world_size=base_world_size,
+        )
+        self.checkpoint_every_steps = checkpoint_every_steps
+        self.checkpoint_every_s = checkpoint_every_s
+        self.seed = seed
+        self.directory = Path(checkpoint_dir)
+        self.state = TrainingState(
+            model=model, optimizer=optimizer, scheduler=scheduler, extras=extras, seed=seed
+        )
+        self.metrics = WorkerMetrics(
+            registry=registry, job_name=self.env.job_name, namespace=self.env.namespace
+        )
+        self.store = CheckpointStore(self.directory, keep=keep_checkpoints)
+        self._checkpointer = AsyncCheckpointer(self.store, on_commit=self._on_commit)
+        self._backend = backend
+        self._stop = StopRequest()
+        self._owns_group = False
+        self._sampler: ElasticSampler | None = None
+        self._last_save_s = time.monotonic()
+        self.position = Position()
+        self.resume_info: ResumeInfo | None = None
+        self.last_save: SaveResult | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def __enter__(self) -> ElasticRun:
+        if self.env.world_size > 1 and not dist.is_initialized():
+            dist.init_process_group(backend=self._backend)
+            self._owns_group = True
+        self._stop.install()
+        if self.env.local_rank == 0 and self.env.metrics_port is not None:
+            self.metrics.serve(self.env.metrics_port)
+        self.position, self.resume_info = self.state.load(
+            self.store, rank=self.env.rank, world_size=self.env.world_size, plan=self.plan
+        )
+        self.metrics.world_size.set(self.env.world_size)
+        self.metrics.steps.inc(self.position.step)
+        self.metrics.checkpoint_load_seconds.set(self.resume_info.load_s)
+        self.metrics.restarts.inc(self.state.restarts)
+        self.metrics.rescales.inc(self.state.rescales)
+        self.metrics.samples_lost.inc(self.state.samples_lost)
+        self._last_save_s = time.monotonic()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if exc_type is None:
+                self._checkpointer.wait()
+            else:
+                with contextlib.suppress(Exception):
+                    self._checkpointer.wait()
+        finally:
+            self._stop.uninstall()
+            if self._owns_group and dist.is_initialized():
+                dist.destroy_process_group()
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def rank(self) -> int:
+        """Global rank of this worker."""
+        return self.env.rank
+
+    @property
+    def world_size(self) -> int:
+        """Workers in the current membership."""
+        return self.env.world_size
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps completed since the job began."""
+        return self.position.step
+
+    @property
+    def epoch(self) -> int:
+        """Current epoch."""
+        return self.position.epoch
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro batches per worker per optimizer step at the current world size."""
+        return self.plan.accumulation_steps
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether this worker received SIGTERM (acted on at the next step boundary)."""
+        return self._stop.requested
+
+    # ---------------------------------------------------------------- data
+
+    def make_sampler(self, dataset: Any, *, shuffle: bool = True) -> ElasticSampler:
+        """The sampler to give the ``DataLoader`` (with ``batch_size=micro_batch_size``).
+
+        Args:
+            dataset: The dataset (only its length is used).
+            shuffle: Permute the order each epoch.
+
+        Returns:
+            A sampler positioned by the run before every epoch.
+        """
+        self._sampler = ElasticSampler(
+            dataset,
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+            seed=self.seed,
+            shuffle=shuffle,
+            global_batch_size=self.plan.global_batch_size,
+            drop_last=True,
+        )
+        return self._sampler
+
+    def epochs(self, num_epochs: int) -> Iterator[int]:
+        """Epoch numbers from the resumed one up to ``num_epochs``; saves once all are done.
+
+        Args:
+            num_epochs: Total epochs of the job.
+
+        Yields:
+            The current epoch.
+        """
+        while self.position.epoch < num_epochs:
+            yield self.position.epoch
+            if self._sampler is not None and self._steps_left() == 0:
+                self.position = replace(
+                    self.position, epoch=self.position.epoch + 1, consumed_samples=0
+                )
+        if self.resume_info is None or self.position.step > self.resume_info.step:
+            self.save(blocking=True)
+
+    def steps(self, loader: Iterable[T]) -> Iterator[list[T]]:
+        """The micro batches of each remaining optimizer step of the current epoch.
+
+        After the loop body of a step returns, the run counts the step, agrees with the other
+        ranks on whether to save or stop, saves, and on SIGTERM exits with code 143.
+
+        Args:
+            loader: Iterable over micro batches drawn with the run's sampler.
+
+        Yields:
+            A list of ``accumulation_steps`` micro batches.
+
+        Raises:
+            ConfigError: When :meth:`make_sampler` was not called.
+            SystemExit: With code 143 after the coordinated save when a stop was requested.
+        """
+        if self._sampler is None:
+            raise ConfigError("steps(): call make_sampler() and use its sampler in the loader")
+        steps_left = self._steps_left()
+        # DataLoader.__iter__ draws a seed from the global generator. Drawing it in a fork keeps
+        # the generator's stream the same whether the epoch starts fresh or mid-way on resume.
+        with torch.random.fork_rng(devices=[]):
+            batches_iter = iter(loader)
+        for _ in range(steps_left):
+            started_s = time.perf_counter()
+            batches = [next(batches_iter) for _ in range(self.plan.accumulation_steps)]
+            yield batches
+            self._end_step(started_s)
+
+    def sync_gradients(
+        self, model: torch.nn.Module, *, last: bool
+    ) -> contextlib.AbstractContextManager[Any]:
+        """Context for one micro batch's backward: DDP all-reduces only on the last one.
+
+        Args:
+            model: The (possibly DDP-wrapped) model.
+            last: Whether this is the step's last micro batch.
+
+        Returns:
+            ``model.no_sync()`` for a DDP model and not ``last``, else a null context.
+        """
+        no_sync = getattr(model, "no_sync", None)
+        if last or no_sync is None:
+            return contextlib.nullcontext()
+        context: contextlib.AbstractContextManager[Any] = no_sync()
+        return context
+
+    # ---------------------------------------------------------------- saving
+
+    def save(self, *, blocking: bool) -> SaveResult | None:
+        """Save at the current step; every rank must call it at the same step.
+
+        Args:
+            blocking: Finish writing (on every rank's behalf) before returning.
+
+        Returns:
+            Rank 0's timings; ``None`` on other ranks.
+        """
+        rng_states = collectives.gather_rng_states()
+        result = None
+        if self.env.rank == 0:
+            tree = self.state.to_tree(
+                position=self.position,
+                world_size=self.env.world_size,
+                plan=self.plan,
+                rng_states=rng_states,
+            )
+            result = self._checkpointer.save(
+                tree,
+                step=self.position.step,
+                epoch=self.position.epoch,
+                world_size=self.env.world_size,
+                blocking=blocking,
+            )
+            self.metrics.checkpoint_blocked_seconds.observe(result.blocked_s)
+            self.last_save = result
+        if blocking:
+            collectives.barrier()
+        self._last_save_s = time.monotonic()
+        return result
+
+    # ---------------------------------------------------------------- internals
+
+    def _steps_left(self) -> int:
+        assert self._sampler is not None
+        self._sampler.set_position(
+            epoch=self.position.epoch, consumed_samples=self.position.consumed_samples
+        )
+        return self._sampler.remaining_samples() // self.plan.global_batch_size
+
+    def _end_step(self, started_s: float) -> None:
+        g = self.plan.global_batch_size
+        p = self.position
+        self.position = Position(
+            step=p.step + 1,
+            epoch=p.epoch,
+            consumed_samples=p.consumed_samples + g,
+            samples_total=p.samples_total + g,
+        )
+        self.metrics.steps.inc()
+        self.metrics.samples.inc(self.plan.samples_per_worker_per_step * self.env.local_world_size)
+        self.metrics.step_seconds.observe(time.perf_counter() - started_s)
+        if self.env.rank == 0:
+            write_progress(self.directory, self.position)
+        local = _NOTHING
+        if self._stop.requested:
+            local = _SAVE_AND_EXIT
+        elif self.checkpoint_every_s is not None and (
+            time.monotonic() - self._last_save_s >= self.checkpoint_every_s
+        ):
+            local = _SAVE
+        agreed = collectives.all_reduce_max(local)
+        if agreed == _SAVE_AND_EXIT:
+            logger.info(
+                "stop requested: saving step=%s epoch=%s consumed_samples=%s world_size=%s",
+                self.position.step,
+                self.position.epoch,
+                self.position.consumed_samples,
+                self.env.world_size,
+            )
+            self.save(blocking=True)
+            raise SystemExit(EXIT_CODE_TERMINATED)
+        every = self.checkpoint_every_steps
+        if agreed == _SAVE or (every is not None and self.position.step % every == 0):
+            self.save(blocking=False)
+
+    def _on_commit(self, manifest: CheckpointManifest, write_s: float) -> None:
+        del manifest
+        self.metrics.checkpoint_save_seconds.observe(write_s)

@@ -1,0 +1,115 @@
+"""A sampler whose position survives any change of world size.
+
+The data position is ``(epoch, consumed_samples)``: ``consumed_samples`` counts the samples of the
+epoch's order that all workers together have trained on. The order is a permutation seeded by
+``seed + epoch`` (or the identity without shuffling); a worker skips the consumed prefix and takes
+every ``world_size``-th of the rest starting at its rank. Because one optimizer step consumes the
+next ``global_batch_size`` samples of the order and each of the ``world_size`` workers takes
+``global_batch_size / world_size`` of them in stride, the prefix consumed after ``k`` steps is
+exactly the first ``k * global_batch_size`` samples, whatever the world size was at each step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+
+import torch
+from torch.utils.data import Sampler
+
+from worker_runtime.errors import ConfigError
+
+
+class ElasticSampler(Sampler[int]):
+    """Per-rank indices of the rest of the current epoch.
+
+    Args:
+        dataset: Anything with ``len``; only its length is used.
+        rank: This worker's rank.
+        world_size: Current number of workers.
+        seed: Base seed of the per-epoch permutations (identical on every rank).
+        shuffle: Permute each epoch when true; the identity order otherwise.
+        global_batch_size: Samples per optimizer step; with ``drop_last`` only whole steps of
+            the remaining order are yielded.
+        drop_last: Leave out the ``(len - consumed) % global_batch_size`` samples at the end of
+            the epoch's order so that every worker yields the same number of indices.
+
+    Raises:
+        ConfigError: When a size or rank is out of range.
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        *,
+        rank: int,
+        world_size: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        global_batch_size: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        if world_size < 1:
+            raise ConfigError(f"world_size: must be >= 1, got {world_size}")
+        if not 0 <= rank < world_size:
+            raise ConfigError(f"rank: must be in [0, world_size={world_size}), got {rank}")
+        if drop_last and global_batch_size is None:
+            raise ConfigError("global_batch_size: required with drop_last=True")
+        if global_batch_size is not None and global_batch_size % world_size != 0:
+            raise ConfigError(
+                f"global_batch_size={global_batch_size}: must be divisible by "
+                f"world_size={world_size}"
+            )
+        self.num_samples_total = len(dataset)
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.global_batch_size = global_batch_size
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.consumed_samples = 0
+
+    def set_position(self, *, epoch: int, consumed_samples: int) -> None:
+        """Move to ``consumed_samples`` into ``epoch``; the next iteration starts there.
+
+        Args:
+            epoch: Epoch number (selects the permutation).
+            consumed_samples: Samples of the epoch already trained on by all workers.
+
+        Raises:
+            ConfigError: When a value is negative or beyond the dataset.
+        """
+        if epoch < 0:
+            raise ConfigError(f"epoch: must be >= 0, got {epoch}")
+        if not 0 <= consumed_samples <= self.num_samples_total:
+            raise ConfigError(
+                f"consumed_samples: must be in [0, {self.num_samples_total}], "
+                f"got {consumed_samples}"
+            )
+        self.epoch = epoch
+        self.consumed_samples = consumed_samples
+
+    def order(self) -> list[int]:
+        """The epoch's full order of sample indices (identical on every rank)."""
+        if not self.shuffle:
+            return list(range(self.num_samples_total))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        perm: list[int] = torch.randperm(self.num_samples_total, generator=generator).tolist()
+        return perm
+
+    def remaining_samples(self) -> int:
+        """Samples all workers together will still yield this epoch."""
+        remaining = self.num_samples_total - self.consumed_samples
+        if self.drop_last and self.global_batch_size is not None:
+            remaining -= remaining % self.global_batch_size
+        return remaining
+
+    def __iter__(self) -> Iterator[int]:
+        start = self.consumed_samples
+        rest = self.order()[start : start + self.remaining_samples()]
+        return iter(rest[self.rank :: self.world_size])
+
+    def __len__(self) -> int:
+        remaining = self.remaining_samples()
+        return max(0, (remaining - self.rank + self.world_size - 1) // self.world_size)
