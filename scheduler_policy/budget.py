@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from scheduler_policy.model import JobState, Observation, QueueName, QueueState, Reason
+from scheduler_policy.model import JobPhase, JobState, Observation, QueueName, QueueState, Reason
 from scheduler_policy.policy import ElasticPolicy
 
 INFINITE_GPUS = math.inf
@@ -25,8 +25,8 @@ class QueueBudget:
         limit_gpus: what Volcano would let the queue use (capability, or the deserved share
             when the queue may not borrow).
         held_nonelastic_gpus: GPUs held by the queue's non-elastic work.
-        pending_gpus: GPUs requested by the queue's pending non-elastic work, plus what other
-            queues' pending work needs back from this queue's borrowed GPUs.
+        pending_gpus: GPUs the queue's pending work needs to start, plus what other queues'
+            pending work needs back from this queue's borrowed GPUs.
         headroom_gpus: GPUs kept free for forecast demand and the fixed headroom.
     """
 
@@ -59,27 +59,48 @@ def _capability_gpus(queue: QueueState) -> float:
     return INFINITE_GPUS if queue.capability_gpus is None else queue.capability_gpus
 
 
-def pending_shortfall_gpus(observation: Observation) -> float:
-    """GPUs that pending non-elastic work needs and the cluster's idle GPUs cannot give.
+def pending_gpus(observation: Observation) -> dict[QueueName, float]:
+    """GPUs each queue's pending work needs to start.
+
+    That is the queue's pending non-elastic requests plus the gang minimum of each of its
+    pending elastic jobs: an elastic job that waits while others in its queue run above their
+    minimums is time lost for nothing, so their growth must make room for it.
 
     Args:
         observation: the cluster now.
 
     Returns:
-        ``max(0, Σ pending non-elastic GPUs − free GPUs)``.
+        GPUs per queue.
     """
-    pending = sum(q.pending_nonelastic_gpus for q in observation.queues)
-    return max(0.0, pending - max(0.0, observation.cluster_free_gpus))
+    pending = {q.name: q.pending_nonelastic_gpus for q in observation.queues}
+    for job in observation.jobs:
+        waiting = job.elastic and job.phase is JobPhase.PENDING and job.queue in pending
+        if waiting and not job.spec_problems():
+            gang = max(job.min_replicas, 1) * job.gpus_per_replica + job.nonelastic_gpus
+            pending[job.queue] += gang
+    return pending
 
 
-def growth_pool_gpus(observation: Observation) -> float:
+def pending_shortfall_gpus(observation: Observation, pending: Mapping[QueueName, float]) -> float:
+    """GPUs that pending work needs and the cluster's idle GPUs cannot give.
+
+    Args:
+        observation: the cluster now.
+        pending: GPUs each queue's pending work needs (``pending_gpus``).
+
+    Returns:
+        ``max(0, Σ pending GPUs − free GPUs)``.
+    """
+    return max(0.0, sum(pending.values()) - max(0.0, observation.cluster_free_gpus))
+
+
+def growth_pool_gpus(observation: Observation, pending: Mapping[QueueName, float]) -> float:
     """Idle GPUs that elastic growth may take this round, across all queues.
 
-    Pending non-elastic work has the first claim on idle GPUs, so growth only takes what is
-    left after it: ``max(0, free − Σ pending non-elastic GPUs)``.
+    Pending work has the first claim on idle GPUs, so growth only takes what is left after it:
+    ``max(0, free − Σ pending GPUs)``.
     """
-    pending = sum(q.pending_nonelastic_gpus for q in observation.queues)
-    return max(0.0, observation.cluster_free_gpus - pending)
+    return max(0.0, observation.cluster_free_gpus - sum(pending.values()))
 
 
 def queue_budgets(
@@ -87,11 +108,12 @@ def queue_budgets(
     policy: ElasticPolicy,
     *,
     elastic_jobs: Iterable[JobState],
+    pending: Mapping[QueueName, float],
     forecast_headroom_gpus: Mapping[QueueName, float],
 ) -> dict[QueueName, QueueBudget]:
     """The elastic budget of every queue the policy manages.
 
-    budget = limit − held by non-elastic work − pending non-elastic work − headroom, capped by
+    budget = limit − held by non-elastic work − pending work − headroom, capped by
     the queue's ``maxElasticGpus``. The limit is the queue's capability if it may borrow idle
     GPUs, else the smaller of capability and deserved share. When pending work anywhere cannot
     fit in the idle GPUs, a borrowing queue's limit drops toward its deserved share by the
@@ -101,6 +123,7 @@ def queue_budgets(
         observation: the cluster now.
         policy: the policy in force.
         elastic_jobs: the jobs tide scales (their GPUs are not counted as non-elastic).
+        pending: GPUs each queue's pending work needs (``pending_gpus``).
         forecast_headroom_gpus: forecast non-elastic demand per queue, beyond what it holds now.
 
     Returns:
@@ -119,7 +142,7 @@ def queue_budgets(
             )
         elif job.phase is not job.phase.PENDING:
             held[job.queue] = held.get(job.queue, 0.0) + job.gpus
-    shortfall = pending_shortfall_gpus(observation)
+    shortfall = pending_shortfall_gpus(observation, pending)
     budgets: dict[QueueName, QueueBudget] = {}
     for queue in observation.queues:
         queue_policy = policy.queue(queue.name)
@@ -128,14 +151,15 @@ def queue_budgets(
         share = _share_gpus(queue)
         capability = _capability_gpus(queue)
         held_q = held.get(queue.name, 0.0)
-        pending = queue.pending_nonelastic_gpus
+        pending_q = pending.get(queue.name, 0.0)
+        claimed = pending_q
         if queue_policy.borrow:
             limit = capability
             used = held_q + elastic_used.get(queue.name, 0.0)
             if shortfall > 0 and used > share:
                 # Give back what was borrowed, up to what other queues' pending work lacks.
                 limit = min(limit, max(share, used - shortfall))
-                pending += min(shortfall, used - share)
+                claimed += min(shortfall, used - share)
         else:
             limit = min(capability, share)
         # The forecast is the peak the queue's non-elastic work will request in all; what it
@@ -144,7 +168,7 @@ def queue_budgets(
             0.0,
             forecast_headroom_gpus.get(queue.name, 0.0) - held_q - queue.pending_nonelastic_gpus,
         )
-        budget = limit - held_q - queue.pending_nonelastic_gpus - headroom
+        budget = limit - held_q - pending_q - headroom
         if queue_policy.max_elastic_gpus is not None:
             budget = min(budget, queue_policy.max_elastic_gpus)
         budgets[queue.name] = QueueBudget(
@@ -152,7 +176,7 @@ def queue_budgets(
             elastic_gpus=max(0.0, budget),
             limit_gpus=limit,
             held_nonelastic_gpus=held_q,
-            pending_gpus=pending,
+            pending_gpus=claimed,
             headroom_gpus=headroom,
         )
     return budgets

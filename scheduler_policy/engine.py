@@ -17,7 +17,7 @@ from itertools import repeat
 import numpy as np
 
 from scheduler_policy.allocate import Allocation, allocate
-from scheduler_policy.budget import QueueBudget, growth_pool_gpus, queue_budgets
+from scheduler_policy.budget import QueueBudget, growth_pool_gpus, pending_gpus, queue_budgets
 from scheduler_policy.errors import ConflictError, PermanentError, TemporaryError
 from scheduler_policy.job_table import JobTable
 from scheduler_policy.messages import DecisionContext
@@ -174,8 +174,9 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
         queue_policy = policy.queue(queue.name)
         if queue_policy is not None:
             forecasts[queue.name] = models.forecast_gpus(queue, queue_policy.headroom, now_s=now_s)
+    pending = pending_gpus(observation)
     budgets = queue_budgets(
-        observation, policy, elastic_jobs=ready, forecast_headroom_gpus=forecasts
+        observation, policy, elastic_jobs=ready, pending=pending, forecast_headroom_gpus=forecasts
     )
     ready = [job for job in ready if job.queue in budgets]
     table = JobTable.build(
@@ -187,7 +188,7 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
     allocation = allocate(
         table,
         budgets=budgets,
-        growth_pool_gpus=growth_pool_gpus(observation),
+        growth_pool_gpus=growth_pool_gpus(observation, pending),
         defaults=policy.defaults,
     )
     decisions, changes = _stabilized_decisions(

@@ -78,7 +78,7 @@ def decision_message(
         )
     if reason is Reason.SHRINK_FOR_PENDING_WORK:
         return (
-            f"{queue}'s pending non-elastic work needs {_gpus(budget.pending_gpus)} GPU(s); "
+            f"pending work needs {_gpus(budget.pending_gpus)} GPU(s) of {queue}; "
             f"giving back replicas gracefully before Volcano's reclaim would kill them"
         )
     if reason is Reason.SHRINK_FOR_HEADROOM:

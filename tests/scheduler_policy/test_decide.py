@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from scheduler_policy.engine import decide
-from scheduler_policy.model import DemandPoint, JobKey, QueueName, Reason
+from scheduler_policy.model import DemandPoint, JobKey, JobPhase, QueueName, Reason
 from scheduler_policy.models_cache import ModelCache
 from scheduler_policy.policy import Headroom, QueuePolicy
 from tests.scheduler_policy.builders import (
@@ -190,6 +190,16 @@ SCENARIOS = {
         make_policy(),
         {"a": (3, Reason.LIMITED_BY_BOUNDS)},
     ),
+    "shrink-for-a-pending-elastic-jobs-gang": (
+        make_observation(
+            make_job("running", current=6),
+            make_job("waiting", current=2, min_replicas=2, phase=JobPhase.PENDING),
+            queues=(make_queue(capability=6),),
+            free=0,
+        ),
+        make_policy(),
+        {"running": (4, Reason.SHRINK_FOR_PENDING_WORK), "waiting": (2, Reason.NOT_RUNNING)},
+    ),
     "non-elastic-jobs-get-no-decision": (
         make_observation(make_job("a", elastic=False), free=8),
         make_policy(),
@@ -222,4 +232,4 @@ def test_decisions_carry_a_message_naming_the_cause():
     observation, policy, _ = SCENARIOS["shrink-for-pending-work-in-own-queue"]
     (decision,) = decide(observation, policy, models=ModelCache()).decisions
     assert decision.job == JobKey("ns/a")
-    assert "pending non-elastic work needs 4 GPU(s)" in decision.message
+    assert "pending work needs 4 GPU(s) of queue q" in decision.message

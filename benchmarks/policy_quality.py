@@ -1,0 +1,150 @@
+"""Every policy on the built-in workload, Pollux workloads 1-4 and an ITP cluster, several seeds.
+
+    python benchmarks/policy_quality.py [--json PATH] [--seeds 0,1,2] [--itp-days 7]
+
+Prints average JCT, p95 queueing delay of non-elastic jobs and GPU-hours lost (restarts + kills)
+per policy and case, and tide's JCT ratio against ``static`` and ``threshold`` (same run, same
+workload). Targets: tide >= 30% lower average JCT than static and >= 15% lower than threshold,
+without a higher p95 queueing delay for non-elastic jobs. Pollux workloads are all-elastic (no
+non-elastic jobs). The ITP case replays the first ``--itp-days`` days of cluster04.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from simulations.api import SHARED_TRACES, PolicyRun, default_policy_for, load_workload, run_one
+from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
+from simulations.controllers import BASELINE_NAMES
+from simulations.report import Summary, summarize
+from simulations.run import RunOptions
+from simulations.workload import Workload
+
+REPO = Path(__file__).resolve().parents[1]
+POLICIES = ("tide", *BASELINE_NAMES)
+
+
+def _case(args: tuple[str, int, Workload, ClusterSpec]) -> list[tuple[str, int, Summary]]:
+    name, seed, workload, cluster = args
+    policy = default_policy_for(cluster)
+    options = RunOptions(metrics=dataclasses.replace(RunOptions().metrics, seed=seed))
+    out = []
+    for p in POLICIES:
+        run = PolicyRun(p, p, policy if p == "tide" else None)
+        out.append(
+            (
+                name,
+                seed,
+                summarize(run_one(run, workload=workload, cluster=cluster, options=options)),
+            )
+        )
+    return out
+
+
+def _cases(seeds: list[int], itp_days: float) -> list[tuple[str, int, Workload, ClusterSpec]]:
+    cases = [("builtin", s, load_workload(seed=s), BUILTIN_CLUSTER) for s in seeds]
+    pollux_cluster = load_cluster(REPO / "manifests" / "clusters" / "pollux-64.yaml")
+    for i in range(1, 5):
+        path = SHARED_TRACES / "pollux-osdi21" / "workloads" / f"workload-{i}.csv"
+        if path.exists():
+            cases.append((f"pollux-{i}", 0, load_workload(trace=path), pollux_cluster))
+        else:
+            print(f"skip pollux-{i}: {path} absent")
+    itp = SHARED_TRACES / "elasticflow-itp" / "raw-traces.tar.gz"
+    if itp.exists() and itp_days > 0:
+        cluster = load_cluster(REPO / "manifests" / "clusters" / "itp-640.yaml")
+        for s in seeds[:1]:
+            full = load_workload(trace=itp, member="cluster04.csv", seed=s)
+            jobs = tuple(j for j in full.jobs if j.submit_s < itp_days * 86400)
+            w = dataclasses.replace(full, name=f"itp-cluster04-{itp_days:g}d", jobs=jobs)
+            cases.append((w.name, s, w, cluster))
+    return cases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--itp-days", type=float, default=7.0)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    cases = _cases(seeds, args.itp_days)
+    with ProcessPoolExecutor(args.workers) as pool:
+        rows = [r for out in pool.map(_case, cases) for r in out]
+    console = Console(width=140)
+    table = Table(title="policy quality (h = hours)")
+    for col in (
+        "case",
+        "seed",
+        "policy",
+        "avg JCT h",
+        "p95 JCT h",
+        "non-elastic queue p95 h",
+        "lost GPU-h",
+        "rescales",
+        "JCT vs static",
+        "JCT vs threshold",
+    ):
+        table.add_column(col, justify="right")
+    records: list[dict[str, object]] = []
+    by_key = {(c, s, x.policy): x for c, s, x in rows}
+    for case, seed, s in rows:
+        static = by_key[(case, seed, "static")].avg_jct_h
+        threshold = by_key[(case, seed, "threshold")].avg_jct_h
+        lost = s.restart_gpu_hours + s.killed_gpu_hours
+        table.add_row(
+            case,
+            str(seed),
+            s.policy,
+            f"{s.avg_jct_h:.3f}",
+            f"{s.p95_jct_h:.2f}",
+            "-" if math.isnan(s.p95_queue_nonelastic_h) else f"{s.p95_queue_nonelastic_h:.2f}",
+            f"{lost:.1f}",
+            str(s.rescales),
+            f"{s.avg_jct_h / static:.2f}",
+            f"{s.avg_jct_h / threshold:.2f}",
+        )
+        params = {"case": case, "seed": seed, "policy": s.policy}
+        records += [
+            {"metric": "avg_jct", "value": round(s.avg_jct_h, 4), "unit": "h", **params},
+            {"metric": "p95_jct", "value": round(s.p95_jct_h, 4), "unit": "h", **params},
+            {"metric": "gpu_hours_lost", "value": round(lost, 3), "unit": "gpu_hours", **params},
+            {"metric": "rescales", "value": s.rescales, "unit": "count", **params},
+            {
+                "metric": "avg_jct_vs_static",
+                "value": round(s.avg_jct_h / static, 4),
+                "unit": "ratio",
+                **params,
+            },
+            {
+                "metric": "avg_jct_vs_threshold",
+                "value": round(s.avg_jct_h / threshold, 4),
+                "unit": "ratio",
+                **params,
+            },
+        ]
+        if not math.isnan(s.p95_queue_nonelastic_h):
+            records.append(
+                {
+                    "metric": "p95_queue_nonelastic",
+                    "unit": "h",
+                    "value": round(s.p95_queue_nonelastic_h, 4),
+                    **params,
+                }
+            )
+    console.print(table)
+    if args.json is not None:
+        args.json.write_text(json.dumps(records, indent=2))
+
+
+if __name__ == "__main__":
+    main()

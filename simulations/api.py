@@ -1,0 +1,191 @@
+"""The simulator's entry points for the CLI and benchmarks: load, run, compare, write reports."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from scheduler_policy.policy import ElasticPolicy, QueuePolicy
+from simulations.cluster_config import ClusterSpec
+from simulations.controllers import make_controller
+from simulations.errors import SimulationError
+from simulations.pollux import load_pollux_workload
+from simulations.report import Summary, summarize
+from simulations.run import RunOptions, SimResult, simulate
+from simulations.traces import load_itp, load_philly, load_tide_trace
+from simulations.workload import Workload, generate_workload
+
+logger = logging.getLogger(__name__)
+
+SHARED_TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
+"""Where the shared public traces live next to the checkout (never copied into the repo)."""
+
+TRACE_FORMATS = ("auto", "tide", "pollux", "philly", "itp")
+
+
+def default_policy_for(cluster: ClusterSpec) -> ElasticPolicy:
+    """tide's default policy for a cluster: scale its elastic queues, borrowing idle GPUs."""
+    return ElasticPolicy(
+        name="tide-default",
+        queues=tuple(
+            QueuePolicy(name=q.name, elastic=q.elastic, borrow=True) for q in cluster.queues
+        ),
+    )
+
+
+def detect_format(path: Path) -> str:
+    """Guess a trace's format from its name and header line.
+
+    Raises:
+        SimulationError: the header matches no known format.
+    """
+    if path.name.endswith((".tar.gz", ".tgz")):
+        return "itp"
+    if path.suffix == ".jsonl":
+        return "tide"
+    try:
+        with path.open(encoding="utf-8") as f:
+            header = f.readline().strip().split(",")
+    except OSError as e:
+        raise SimulationError(f"{path}: cannot read: {e}") from e
+    if header[:5] == ["name", "time", "application", "num_replicas", "batch_size"]:
+        return "pollux"
+    if header[:3] == ["timestamp", "duration", "num_gpus"]:
+        return "philly"
+    if "job_id" in header and "submit_s" in header:
+        return "tide"
+    raise SimulationError(f"{path}:1: unknown trace header {','.join(header)}")
+
+
+def load_workload(
+    *,
+    trace: Path | None = None,
+    trace_format: str = "auto",
+    member: str = "cluster04.csv",
+    seed: int = 0,
+    duration_s: float = 8 * 3600.0,
+    elastic_fraction: float = 0.5,
+    skip_bad_rows: bool = False,
+    pollux_traces: Path | None = None,
+    gpus_per_node: int = 4,
+) -> Workload:
+    """The workload to replay: the built-in generator when ``trace`` is None.
+
+    Args:
+        trace: a trace file (for ``itp``, the tarball).
+        trace_format: one of TRACE_FORMATS.
+        member: the cluster file inside an ITP tarball.
+        seed: seeds the generator and the job-type/elasticity choices of duration traces.
+        duration_s: arrival window of the built-in workload.
+        elastic_fraction: share of elastic jobs (built-in, Philly, ITP).
+        skip_bad_rows: skip and count bad rows instead of failing.
+        pollux_traces: Pollux's ``traces/`` folder (default: next to the workload file).
+        gpus_per_node: node size, for Pollux's placement-dependent profiles.
+
+    Returns:
+        The workload.
+
+    Raises:
+        SimulationError: an unreadable trace or a bad row (file and line).
+    """
+    if trace is None:
+        return generate_workload(
+            seed=seed, duration_s=duration_s, elastic_fraction=elastic_fraction
+        )
+    fmt = detect_format(trace) if trace_format == "auto" else trace_format
+    if fmt == "pollux":
+        traces_dir = pollux_traces or trace.resolve().parent.parent / "traces"
+        return load_pollux_workload(
+            trace, traces_dir=traces_dir, gpus_per_node=gpus_per_node, skip_bad_rows=skip_bad_rows
+        )
+    if fmt == "philly":
+        return load_philly(
+            trace, seed=seed, elastic_fraction=elastic_fraction, skip_bad_rows=skip_bad_rows
+        )
+    if fmt == "itp":
+        return load_itp(
+            trace,
+            member=member,
+            seed=seed,
+            elastic_fraction=elastic_fraction,
+            skip_bad_rows=skip_bad_rows,
+        )
+    if fmt == "tide":
+        return load_tide_trace(trace, skip_bad_rows=skip_bad_rows)
+    raise SimulationError(f"unknown trace format {fmt!r}; known: {', '.join(TRACE_FORMATS)}")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRun:
+    """One policy to run: a name for the report, the controller kind and tide's policy."""
+
+    label: str
+    kind: str
+    policy: ElasticPolicy | None = None
+
+
+def run_one(
+    run: PolicyRun, *, workload: Workload, cluster: ClusterSpec, options: RunOptions
+) -> SimResult:
+    """Simulate one policy on one workload (a fresh controller).
+
+    Raises:
+        SimulationError: the workload does not fit the cluster (e.g. an unknown queue).
+    """
+    controller = make_controller(run.kind, workload=workload, policy=run.policy)
+    controller.name = run.label
+    interval = run.policy.interval_s if run.policy is not None else options.interval_s
+    try:
+        return simulate(
+            workload=workload,
+            cluster=cluster,
+            controller=controller,
+            options=replace(options, interval_s=interval),
+        )
+    except ValueError as e:
+        raise SimulationError(str(e)) from e
+
+
+def run_policies(
+    runs: Sequence[PolicyRun],
+    *,
+    workload: Workload,
+    cluster: ClusterSpec,
+    options: RunOptions,
+    on_done: Callable[[SimResult], None] | None = None,
+) -> list[SimResult]:
+    """Simulate each policy on the same workload and cluster, in order.
+
+    Returns:
+        One result per run.
+    """
+    results = []
+    for run in runs:
+        result = run_one(run, workload=workload, cluster=cluster, options=options)
+        logger.info("%s on %s: %.1fs wall", run.label, workload.name, result.wall_s)
+        results.append(result)
+        if on_done is not None:
+            on_done(result)
+    return results
+
+
+def write_json_report(path: Path, summaries: Sequence[Summary], *, meta: dict[str, object]) -> None:
+    """Write the comparison as JSON: ``{"meta": ..., "summaries": [...]}``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"meta": meta, "summaries": [s.as_dict() for s in summaries]}
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True))
+
+
+__all__ = [
+    "PolicyRun",
+    "Summary",
+    "default_policy_for",
+    "load_workload",
+    "run_one",
+    "run_policies",
+    "summarize",
+    "write_json_report",
+]

@@ -1,0 +1,275 @@
+"""The policies admins use today, as the simulator runs them in tide's place.
+
+Each baseline reads the same ``Observation`` the engine reads (built by ``engine.observe`` from the
+same ``SimulatedCluster``) and returns a ``BaselinePlan``: target replicas per job, and for
+preemptive schedulers a job priority and jobs to suspend. The simulator applies the targets as the
+engine's writes are applied (a shrink checkpoints first), so only the decisions differ.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scheduler_policy.model import JobKey, JobPhase, JobState, Observation, QueueName
+from simulations.profiles import ScalingProfile
+
+
+@dataclass(frozen=True, slots=True)
+class BaselinePlan:
+    """What a baseline decides at one reconcile.
+
+    Attributes:
+        targets: new replicas for the jobs whose size should change.
+        priority: job order key for the scheduler (smaller first); empty keeps FIFO.
+        suspend: running jobs to preempt whole (gracefully, back to the queue).
+    """
+
+    targets: Mapping[JobKey, int] = field(default_factory=dict)
+    priority: Mapping[JobKey, float] = field(default_factory=dict)
+    suspend: frozenset[JobKey] = frozenset()
+
+
+class Baseline(Protocol):
+    """A policy the simulator can run in tide's place."""
+
+    name: str
+
+    def decide(self, observation: Observation, *, now_s: float) -> BaselinePlan:
+        """Decide from one observation.
+
+        Args:
+            observation: the cluster now, as the engine sees it.
+            now_s: the decision time.
+
+        Returns:
+            The plan.
+        """
+        ...
+
+
+def _running_elastic(observation: Observation) -> list[JobState]:
+    return [j for j in observation.jobs if j.elastic and j.phase is JobPhase.RUNNING]
+
+
+def _pending_nonelastic(observation: Observation) -> float:
+    return sum(q.pending_nonelastic_gpus for q in observation.queues)
+
+
+class StaticBaseline:
+    """Volcano as-is: every job keeps the replicas it asked for."""
+
+    name = "static"
+
+    def decide(self, observation: Observation, *, now_s: float) -> BaselinePlan:
+        """See base class. Never changes anything."""
+        return BaselinePlan()
+
+
+@dataclass(slots=True)
+class ThresholdBaseline:
+    """The rule admins write today: one worker more when the queue's idle GPUs exceed
+    ``up_idle_gpus``, one fewer when they fall below ``down_idle_gpus``.
+
+    A queue's idle GPUs are the cluster's free GPUs it could use (its capability permitting),
+    less the GPUs pending non-elastic work asks for. Workers are added to the oldest jobs first
+    and removed from the newest first, one per job per reconcile.
+    """
+
+    up_idle_gpus: float = 2.0
+    down_idle_gpus: float = 0.0
+    name: str = "threshold"
+
+    def decide(self, observation: Observation, *, now_s: float) -> BaselinePlan:
+        """See base class."""
+        if not observation.metrics_fresh:
+            return BaselinePlan()
+        free = observation.cluster_free_gpus - _pending_nonelastic(observation)
+        targets: dict[JobKey, int] = {}
+        for queue in observation.queues:
+            jobs = [j for j in _running_elastic(observation) if j.queue == queue.name]
+            if not jobs:
+                continue
+            room = math.inf if queue.capability_gpus is None else queue.capability_gpus
+            idle = min(free, room - queue.allocated_gpus)
+            if idle > self.up_idle_gpus:
+                for job in jobs:
+                    if job.current_replicas < job.max_replicas and idle - job.gpus_per_replica >= 0:
+                        targets[job.key] = job.current_replicas + 1
+                        idle -= job.gpus_per_replica
+                        free -= job.gpus_per_replica
+                        if idle <= self.up_idle_gpus:
+                            break
+            elif idle < self.down_idle_gpus:
+                for job in reversed(jobs):
+                    if job.current_replicas > job.min_replicas:
+                        targets[job.key] = job.current_replicas - 1
+                        idle += job.gpus_per_replica
+                        if idle >= self.down_idle_gpus:
+                            break
+        return BaselinePlan(targets=targets)
+
+
+@dataclass(slots=True)
+class HpaBaseline:
+    """The Kubernetes HPA formula per job, on a queue metric as KEDA's Prometheus scaler feeds it.
+
+    The metric is the queue's GPU supply over demand: (allocated + free GPUs it could take) /
+    (allocated + GPUs its jobs and the cluster's pending non-elastic work still ask for), with
+    target 1. desired = ceil(current x metric / target) unless |metric/target - 1| <= tolerance;
+    scale-down takes the highest recommendation of the last ``down_window_s``; scale-up is
+    limited to max(2 x current, current + 4) per decision (the HPA default policies).
+    """
+
+    tolerance: float = 0.1
+    down_window_s: float = 300.0
+    name: str = "hpa"
+    _history: dict[JobKey, list[tuple[float, int]]] = field(default_factory=dict)
+
+    def decide(self, observation: Observation, *, now_s: float) -> BaselinePlan:
+        """See base class."""
+        if not observation.metrics_fresh:
+            return BaselinePlan()
+        pending_all = _pending_nonelastic(observation)
+        wanted: dict[QueueName, float] = {}
+        for job in observation.jobs:
+            if job.phase is JobPhase.PENDING:
+                wanted[job.queue] = wanted.get(job.queue, 0.0) + job.gpus
+        targets: dict[JobKey, int] = {}
+        for queue in observation.queues:
+            jobs = [j for j in _running_elastic(observation) if j.queue == queue.name]
+            if not jobs:
+                continue
+            room = math.inf if queue.capability_gpus is None else queue.capability_gpus
+            supply = queue.allocated_gpus + max(
+                0.0, min(observation.cluster_free_gpus, room - queue.allocated_gpus)
+            )
+            others_pending = pending_all - queue.pending_nonelastic_gpus
+            demand = queue.allocated_gpus + wanted.get(queue.name, 0.0) + others_pending
+            ratio = supply / demand if demand > 0 else 1.0
+            for job in jobs:
+                current = job.current_replicas
+                desired = current
+                if abs(ratio - 1.0) > self.tolerance:
+                    desired = math.ceil(current * ratio)
+                desired = min(desired, max(2 * current, current + 4))
+                desired = max(job.min_replicas, min(job.max_replicas, desired))
+                history = self._history.setdefault(job.key, [])
+                history.append((now_s, desired))
+                while history and history[0][0] < now_s - self.down_window_s:
+                    history.pop(0)
+                if desired < current:
+                    desired = min(current, max(r for _, r in history))
+                if desired != current:
+                    targets[job.key] = desired
+        return BaselinePlan(targets=targets)
+
+
+@dataclass(slots=True)
+class OptimusBaseline:
+    """Greedy marginal gain with perfect knowledge of every job's scaling curve (an oracle).
+
+    GPUs not held or wanted by non-elastic work go, one replica at a time, to the elastic job
+    whose next replica cuts its remaining time the most per GPU. No forecast, and restart costs
+    are ignored when deciding (the simulator still charges them).
+    """
+
+    profiles: Mapping[JobKey, ScalingProfile]
+    samples_per_unit: Mapping[JobKey, float]
+    name: str = "optimus"
+
+    def decide(self, observation: Observation, *, now_s: float) -> BaselinePlan:
+        """See base class."""
+        if not observation.metrics_fresh:
+            return BaselinePlan()
+        total = observation.cluster_free_gpus + sum(q.allocated_gpus for q in observation.queues)
+        fixed = _pending_nonelastic(observation)
+        jobs = _running_elastic(observation)
+        for job in observation.jobs:
+            if not job.elastic and job.phase is JobPhase.RUNNING:
+                fixed += job.gpus
+            elif job.elastic and job.phase is JobPhase.PENDING:
+                fixed += job.min_replicas * job.gpus_per_replica
+        budget = total - fixed - sum(j.min_replicas * j.gpus_per_replica for j in jobs)
+        size = {j.key: j.min_replicas for j in jobs}
+        remaining = {
+            j.key: (j.remaining_samples or 0.0) / self.samples_per_unit.get(j.key, 1.0)
+            for j in jobs
+        }
+
+        def gain(job: JobState, n: int) -> float:
+            profile = self.profiles[job.key]
+            left = remaining[job.key]
+            cut = left / profile.rate(n) - left / profile.rate(n + 1)
+            return cut / job.gpus_per_replica
+
+        heap = [(-gain(j, size[j.key]), j.key, j) for j in jobs if j.max_replicas > size[j.key]]
+        heapq.heapify(heap)
+        while heap and budget > 0:
+            neg, key, job = heapq.heappop(heap)
+            if -neg <= 0 or job.gpus_per_replica > budget:
+                continue
+            size[key] += 1
+            budget -= job.gpus_per_replica
+            if size[key] < job.max_replicas:
+                heapq.heappush(heap, (-gain(job, size[key]), key, job))
+        targets = {j.key: size[j.key] for j in jobs if size[j.key] != j.current_replicas}
+        return BaselinePlan(targets=targets)
+
+
+@dataclass(slots=True)
+class TiresiasBaseline:
+    """Tiresias' two-queue least-attained-service scheduler (discretized 2D-LAS), non-elastic.
+
+    Jobs run rigid: the simulator sets every job's gang minimum to its requested replicas.
+    Jobs whose attained service (GPU-seconds) is below ``threshold_gpu_s`` are in the high queue,
+    the rest in the low queue; FIFO within each. Jobs run at the replicas they asked for; running
+    jobs outside the set that fits in priority order are preempted (checkpointed, requeued).
+    Preemption is within a queue (capacity: its deserved share, at most what it holds plus
+    the free GPUs); across queues Volcano's
+    proportion plugin decides, as it would with Tiresias' order as the job-order plugin.
+    """
+
+    threshold_gpu_s: float = 3600.0
+    name: str = "tiresias"
+    _attained: dict[JobKey, float] = field(default_factory=dict)
+    _submitted: dict[JobKey, float] = field(default_factory=dict)
+    _last_s: float | None = None
+
+    def decide(self, observation: Observation, *, now_s: float) -> BaselinePlan:
+        """See base class."""
+        dt = 0.0 if self._last_s is None else now_s - self._last_s
+        self._last_s = now_s
+        for job in observation.jobs:
+            self._submitted.setdefault(job.key, now_s)
+            if job.phase is JobPhase.RUNNING:
+                self._attained[job.key] = self._attained.get(job.key, 0.0) + job.gpus * dt
+        priority = {
+            job.key: (1.0e12 if self._attained.get(job.key, 0.0) >= self.threshold_gpu_s else 0.0)
+            + self._submitted[job.key]
+            for job in observation.jobs
+        }
+        # Preempt within a queue only: across queues, Volcano's deserved shares decide (the
+        # session would otherwise hand a suspended job's GPUs straight back to it).
+        capacity = {
+            q.name: min(
+                q.deserved_gpus if q.deserved_gpus is not None else math.inf,
+                q.allocated_gpus + observation.cluster_free_gpus,
+            )
+            for q in observation.queues
+        }
+        keep: set[JobKey] = set()
+        for job in sorted(observation.jobs, key=lambda j: priority[j.key]):
+            if job.phase.finished:
+                continue
+            gang = job.min_replicas * job.gpus_per_replica  # rigid: min == requested replicas
+            if gang <= capacity.get(job.queue, math.inf) + 1e-9:
+                capacity[job.queue] = capacity.get(job.queue, math.inf) - gang
+                keep.add(job.key)
+        suspend = frozenset(
+            j.key for j in observation.jobs if j.phase is JobPhase.RUNNING and j.key not in keep
+        )
+        return BaselinePlan(priority=priority, suspend=suspend)

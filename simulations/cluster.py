@@ -1,0 +1,204 @@
+"""``SimulatedCluster``: the simulated Volcano cluster as the engine's metrics source and client.
+
+It implements ``MetricsSource`` and ``ClusterClient`` exactly as the production adapters do, so
+``scheduler_policy.engine.reconcile`` runs against it unchanged. Writes go through ``apply``,
+which checks the replicas the engine saw (a conflict otherwise), stores the stabilizer's memory on
+the job as the Volcano client stores it in annotations, and shrinks gracefully.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler_policy.errors import ConflictError, PermanentError
+from scheduler_policy.model import (
+    DemandPoint,
+    JobKey,
+    JobPhase,
+    JobState,
+    QueueName,
+    QueueState,
+    ThroughputPoint,
+)
+from scheduler_policy.protocols import MetricsSample, ReplicaChange
+from simulations.cluster_config import ClusterSpec
+from simulations.core import ClusterCore
+from simulations.state import SimJob, Status
+from simulations.volcano import deserved_shares, queue_usage, real_capability
+from simulations.workload import Workload
+
+_PHASES = {
+    Status.PENDING: JobPhase.PENDING,
+    Status.INQUEUE: JobPhase.PENDING,
+    Status.RUNNING: JobPhase.RUNNING,
+    Status.DONE: JobPhase.COMPLETED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsOptions:
+    """How the simulated metrics behave.
+
+    Attributes:
+        throughput_noise: relative standard deviation of each throughput measurement.
+        max_points: throughput points kept per job (oldest dropped).
+        point_every_s: least time between two throughput points of one job at one size.
+        demand_every_s: spacing of each queue's demand-history points.
+        demand_points: demand-history points kept per queue.
+        outages: ``(start_s, end_s)`` intervals when the metrics source is stale.
+        seed: seed of the measurement noise.
+    """
+
+    throughput_noise: float = 0.02
+    max_points: int = 24
+    point_every_s: float = 300.0
+    demand_every_s: float = 300.0
+    demand_points: int = 2016
+    outages: tuple[tuple[float, float], ...] = ()
+    seed: int = 0
+
+
+class SimulatedCluster(ClusterCore):
+    """A simulated Volcano cluster the engine reads and writes like a real one."""
+
+    def __init__(
+        self, *, spec: ClusterSpec, workload: Workload, metrics: MetricsOptions | None = None
+    ) -> None:
+        super().__init__(spec=spec, workload=workload)
+        self.metrics = metrics or MetricsOptions()
+        self._rng = np.random.default_rng(self.metrics.seed)
+        self._demand: dict[QueueName, list[DemandPoint]] = {q.name: [] for q in spec.queues}
+        self._last_demand_s = -math.inf
+        self.writes = 0
+        self.conflicts = 0
+
+    # --- MetricsSource ------------------------------------------------------------------------
+
+    def in_outage(self, now_s: float) -> bool:
+        """Whether the metrics source is down at ``now_s``."""
+        return any(start <= now_s < end for start, end in self.metrics.outages)
+
+    def _measure(self, job: SimJob, now_s: float) -> None:
+        if job.status is not Status.RUNNING or job.restart_until_s > now_s:
+            return
+        n = len(job.pods)
+        last = job.points[-1] if job.points else None
+        if (
+            last is not None
+            and last.replicas == n
+            and now_s - last.time_s < self.metrics.point_every_s
+        ):
+            return
+        noise = 1.0 + self.metrics.throughput_noise * float(self._rng.standard_normal())
+        rate = job.rate * job.spec.profile.samples_per_unit * max(0.1, noise)
+        job.points.append(ThroughputPoint(time_s=now_s, replicas=n, samples_per_s=rate))
+        if len(job.points) > self.metrics.max_points:
+            del job.points[0]
+
+    def record_demand(self, now_s: float) -> None:
+        """Append a demand-history point per queue when one is due."""
+        if now_s - self._last_demand_s < self.metrics.demand_every_s:
+            return
+        self._last_demand_s = now_s
+        demand = {q.name: 0.0 for q in self.spec.queues}
+        for job in self.running.values():
+            if not job.spec.elastic:
+                demand[job.queue] += job.gpus
+        for name, waiting in self.waiting_by_queue.items():
+            demand[name] += sum(j.spec.min_gpus for j in waiting if not j.spec.elastic)
+        for name, gpus in demand.items():
+            points = self._demand[name]
+            points.append(DemandPoint(time_s=now_s, gpus=gpus))
+            if len(points) > self.metrics.demand_points:
+                del points[0]
+
+    def sample(self, *, now_s: float) -> MetricsSample:
+        """See base class. Stale (``fresh=False``, no measurements) during an outage."""
+        if self.in_outage(now_s):
+            return MetricsSample(fresh=False, cluster_free_gpus=float(self.nodes.total_free))
+        self.record_demand(now_s)
+        throughput: dict[JobKey, tuple[ThroughputPoint, ...]] = {}
+        remaining: dict[JobKey, float] = {}
+        for job in self.running.values():
+            if job.spec.elastic:
+                self._measure(job, now_s)
+                throughput[job.key] = tuple(job.points)
+                remaining[job.key] = job.remaining_units * job.spec.profile.samples_per_unit
+        return MetricsSample(
+            fresh=True,
+            cluster_free_gpus=float(self.nodes.total_free),
+            job_throughput=throughput,
+            job_remaining_samples=remaining,
+            queue_demand_history={n: tuple(p) for n, p in self._demand.items()},
+        )
+
+    # --- ClusterClient ------------------------------------------------------------------------
+
+    def list_queues(self) -> Sequence[QueueState]:
+        """See base class. Capability is Volcano's real capability (guarantees of others out)."""
+        capability = real_capability(self)
+        allocated, request = queue_usage(self)
+        deserved = deserved_shares(self, request, capability)
+        pending = {q.name: 0.0 for q in self.spec.queues}
+        for name, waiting in self.waiting_by_queue.items():
+            pending[name] = float(sum(j.spec.min_gpus for j in waiting if not j.spec.elastic))
+        return [
+            QueueState(
+                name=q.name,
+                capability_gpus=capability[q.name],
+                deserved_gpus=deserved[q.name],
+                guarantee_gpus=q.guarantee_gpus,
+                allocated_gpus=allocated[q.name],
+                pending_nonelastic_gpus=pending[q.name],
+            )
+            for q in self.spec.queues
+        ]
+
+    def job_state(self, job: SimJob) -> JobState:
+        """The engine's view of one job."""
+        return JobState(
+            key=job.key,
+            queue=job.queue,
+            gpus_per_replica=float(job.spec.gpus_per_replica),
+            min_replicas=job.spec.min_replicas,
+            max_replicas=job.spec.max_replicas,
+            current_replicas=job.spec_replicas,
+            phase=_PHASES[job.status],
+            elastic=job.spec.elastic,
+            last_rescale_s=job.memory.last_rescale_s,
+            restart_cost_s=job.restart_cost_s,
+            recommendations=job.memory.recommendations,
+        )
+
+    def active_jobs(self) -> list[SimJob]:
+        """Submitted jobs that are not done: running first, then waiting, each in submit order."""
+        waiting = [j for jobs in self.waiting_by_queue.values() for j in jobs]
+        return list(self.running.values()) + waiting
+
+    def list_jobs(self) -> Sequence[JobState]:
+        """See base class."""
+        return [self.job_state(job) for job in self.active_jobs()]
+
+    def apply(self, change: ReplicaChange) -> None:
+        """See base class. A shrink is graceful: the workers checkpoint before they stop."""
+        job = self.jobs.get(change.job)
+        if job is None or job.status in (Status.WAITING, Status.DONE):
+            raise PermanentError(f"job {change.job} does not exist (or has finished)")
+        if job.spec_replicas != change.from_replicas:
+            self.conflicts += 1
+            raise ConflictError(
+                f"job {change.job} has {job.spec_replicas} replicas, not {change.from_replicas}"
+            )
+        if not job.spec.min_replicas <= change.to_replicas <= job.spec.max_replicas:
+            raise PermanentError(
+                f"job {change.job}: replicas {change.to_replicas} outside "
+                f"[{job.spec.min_replicas}, {job.spec.max_replicas}]"
+            )
+        job.memory = change.memory
+        if change.to_replicas != job.spec_replicas:
+            self.writes += 1
+            self.resize(job, change.to_replicas)

@@ -1,0 +1,108 @@
+"""A comparison run for the CLI: every policy on one workload, a rich table, JSON and plots."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from simulations.api import PolicyRun, run_one, write_json_report
+from simulations.cluster_config import ClusterSpec
+from simulations.plots import plot_all
+from simulations.report import Summary, summarize
+from simulations.run import RunOptions, SimResult
+from simulations.workload import Workload
+
+
+def fmt(value: float, digits: int = 2) -> str:
+    return "-" if isinstance(value, float) and math.isnan(value) else f"{value:.{digits}f}"
+
+
+def summary_table(summaries: Sequence[Summary], *, title: str) -> Table:
+    """The comparison as a rich table."""
+    table = Table(title=title)
+    for col in (
+        "policy",
+        "JCT avg h",
+        "p50",
+        "p95",
+        "p99",
+        "fixed-job queue p95 h",
+        "useful util",
+        "rescales",
+        "lost GPU-h",
+        "guar. wait min",
+    ):
+        table.add_column(col, justify="right" if col != "policy" else "left")
+    for s in summaries:
+        table.add_row(
+            s.policy,
+            fmt(s.avg_jct_h),
+            fmt(s.median_jct_h),
+            fmt(s.p95_jct_h),
+            fmt(s.p99_jct_h),
+            fmt(s.p95_queue_nonelastic_h),
+            fmt(s.useful_utilization),
+            str(s.rescales),
+            fmt(s.restart_gpu_hours + s.killed_gpu_hours),
+            fmt(s.guaranteed_wait_minutes, 0),
+        )
+    return table
+
+
+def run_comparison(
+    *,
+    console: Console,
+    runs: Sequence[PolicyRun],
+    workload: Workload,
+    cluster: ClusterSpec,
+    options: RunOptions,
+    out_dir: Path,
+    json_path: Path | None,
+) -> list[Summary]:
+    """Run every policy, print the table, write the JSON report and plots.
+
+    Returns:
+        One summary per policy.
+    """
+    results: list[SimResult] = []
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(f"simulating {workload.name}", total=len(runs))
+        for run in runs:
+            progress.update(task, description=f"simulating {run.label} on {workload.name}")
+            results.append(run_one(run, workload=workload, cluster=cluster, options=options))
+            progress.advance(task)
+    summaries = [summarize(r) for r in results]
+    console.print(
+        summary_table(
+            summaries,
+            title=f"{workload.name} on {cluster.name} "
+            f"({cluster.total_gpus} GPUs, {len(workload.jobs)} jobs)",
+        )
+    )
+    if workload.skipped_rows:
+        console.print(f"skipped {workload.skipped_rows} bad trace row(s)")
+    meta: dict[str, object] = {
+        "workload": workload.name,
+        "cluster": cluster.name,
+        "gpus": cluster.total_gpus,
+        "jobs": len(workload.jobs),
+        "skipped_rows": workload.skipped_rows,
+    }
+    write_json_report(out_dir / "report.json", summaries, meta=meta)
+    if json_path is not None:
+        write_json_report(json_path, summaries, meta=meta)
+    plots = plot_all(results, out_dir)
+    console.print(f"report and {len(plots)} plots in {out_dir}")
+    return summaries

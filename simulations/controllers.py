@@ -1,0 +1,167 @@
+"""What decides replicas in a simulation: tide's engine through ``reconcile``, or a baseline."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scheduler_policy.engine import observe, reconcile
+from scheduler_policy.model import JobKey
+from scheduler_policy.models_cache import ModelCache
+from scheduler_policy.policy import ElasticPolicy
+from simulations.baselines import (
+    Baseline,
+    BaselinePlan,
+    HpaBaseline,
+    OptimusBaseline,
+    StaticBaseline,
+    ThresholdBaseline,
+    TiresiasBaseline,
+)
+from simulations.cluster import SimulatedCluster
+from simulations.state import SimJob, Status
+from simulations.volcano import JobOrder, fifo_order
+from simulations.workload import Workload
+
+logger = logging.getLogger(__name__)
+
+BASELINE_NAMES = ("static", "threshold", "hpa", "optimus", "tiresias")
+"""The baselines ``make_controller`` knows, besides ``tide``."""
+
+
+class Controller(Protocol):
+    """Runs at every reconcile of a simulation.
+
+    Attributes:
+        name: the policy's name in reports.
+        rigid: True when the policy runs every job at its requested size as a full gang
+            (``min_replicas = max_replicas = requested``), as a non-elastic scheduler does.
+    """
+
+    name: str
+    rigid: bool
+
+    def control(self, cluster: SimulatedCluster, *, now_s: float) -> int:
+        """Observe the cluster and write its decisions.
+
+        Args:
+            cluster: the simulated cluster.
+            now_s: the reconcile time.
+
+        Returns:
+            How many jobs it changed.
+        """
+        ...
+
+    def order(self) -> JobOrder:
+        """The job order the scheduler uses within a queue."""
+        ...
+
+
+@dataclass(slots=True)
+class TideController:
+    """tide's engine, run exactly as in production: ``engine.reconcile`` on the cluster."""
+
+    policy: ElasticPolicy
+    name: str = "tide"
+    rigid: bool = False
+    models: ModelCache = field(default_factory=ModelCache)
+    decisions: int = 0
+
+    def control(self, cluster: SimulatedCluster, *, now_s: float) -> int:
+        """See base class."""
+        result = reconcile(
+            metrics=cluster, cluster=cluster, policy=self.policy, now_s=now_s, models=self.models
+        )
+        self.decisions += len(result.decisions)
+        return sum(1 for c in result.applied if c.to_replicas != c.from_replicas)
+
+    def order(self) -> JobOrder:
+        """See base class. Volcano's FIFO."""
+        return fifo_order
+
+
+@dataclass(slots=True)
+class BaselineController:
+    """A baseline fed by the same ``observe`` as the engine; its targets resize gracefully."""
+
+    baseline: Baseline
+    name: str = ""
+    rigid: bool = False
+    _priority: dict[JobKey, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.name = self.name or self.baseline.name
+
+    def control(self, cluster: SimulatedCluster, *, now_s: float) -> int:
+        """See base class."""
+        observation = observe(metrics=cluster, cluster=cluster, now_s=now_s)
+        plan: BaselinePlan = self.baseline.decide(observation, now_s=now_s)
+        self._priority = dict(plan.priority)
+        changed = 0
+        for key in plan.suspend:
+            job = cluster.jobs[key]
+            if job.status is Status.RUNNING:
+                cluster.suspend(job)
+                changed += 1
+        for key, target in plan.targets.items():
+            found = cluster.jobs.get(key)
+            if found is None or found.status is Status.DONE or not found.spec.elastic:
+                continue
+            target = max(found.spec.min_replicas, min(found.spec.max_replicas, target))
+            if target != found.spec_replicas:
+                cluster.resize(found, target)
+                changed += 1
+        return changed
+
+    def order(self) -> JobOrder:
+        """See base class. The baseline's priority when it gives one, else FIFO."""
+        if not self._priority:
+            return fifo_order
+        priority = self._priority
+
+        def key(job: SimJob) -> tuple[float, float]:
+            return (priority.get(job.key, job.spec.submit_s), job.spec.submit_s)
+
+        return key
+
+
+def make_controller(
+    name: str, *, workload: Workload, policy: ElasticPolicy | None = None
+) -> Controller:
+    """Build the controller called ``name`` (``tide`` or one of ``BASELINE_NAMES``).
+
+    Args:
+        name: the policy's name.
+        workload: the workload (the optimus oracle reads its true scaling curves).
+        policy: tide's policy; required for ``tide``.
+
+    Returns:
+        A fresh controller (controllers keep state; use one per run).
+
+    Raises:
+        ValueError: unknown name, or ``tide`` without a policy.
+    """
+    if name == "tide":
+        if policy is None:
+            raise ValueError("the tide controller needs a policy")
+        return TideController(policy=policy, models=ModelCache(refit_s=policy.model_refit_s))
+    baseline: Baseline
+    if name == "static":
+        baseline = StaticBaseline()
+    elif name == "threshold":
+        baseline = ThresholdBaseline()
+    elif name == "hpa":
+        baseline = HpaBaseline()
+    elif name == "optimus":
+        baseline = OptimusBaseline(
+            profiles={j.key: j.profile for j in workload.jobs},
+            samples_per_unit={j.key: j.profile.samples_per_unit for j in workload.jobs},
+        )
+    elif name == "tiresias":
+        return BaselineController(TiresiasBaseline(), rigid=True)
+    else:
+        known = ", ".join(("tide", *BASELINE_NAMES))
+        raise ValueError(f"unknown policy {name!r}; known: {known}")
+    return BaselineController(baseline)

@@ -1,0 +1,276 @@
+"""The simulated cluster's state and physics: time advance, progress, restarts, lost work.
+
+``ClusterCore`` owns the jobs and nodes and does what the world does between decisions: jobs make
+progress at their profile's rate, a membership change costs a restart, an abrupt kill loses the
+work since the last checkpoint. The scheduler (``volcano``) and the protocol surface
+(``cluster.SimulatedCluster``) build on it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from scheduler_policy.model import JobKey, QueueName
+from simulations.cluster_config import ClusterSpec
+from simulations.state import Nodes, SimJob, Status
+from simulations.workload import Workload
+
+logger = logging.getLogger(__name__)
+
+_DONE_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class TimelinePoint:
+    """The cluster at one time, for the utilization plot.
+
+    Attributes:
+        time_s: simulated time.
+        allocated_gpus: GPUs held by pods.
+        effective_gpus: GPUs' worth of useful progress (each job's speedup over one replica times
+            its GPUs per replica; zero while restarting).
+    """
+
+    time_s: float
+    allocated_gpus: float
+    effective_gpus: float
+
+
+class ClusterCore:
+    """Jobs, nodes and simulated time (mutable; internal to the simulator)."""
+
+    def __init__(self, *, spec: ClusterSpec, workload: Workload) -> None:
+        self.spec = spec
+        self.now_s = 0.0
+        self.nodes = Nodes(count=spec.nodes, gpus_per_node=spec.gpus_per_node)
+        self.jobs: dict[JobKey, SimJob] = {}
+        self.order: list[SimJob] = []
+        self.running: dict[JobKey, SimJob] = {}
+        self.waiting_by_queue: dict[QueueName, list[SimJob]] = {q.name: [] for q in spec.queues}
+        self.done_count = 0
+        self.alloc_gpu_s = 0.0
+        self.effective_gpu_s = 0.0
+        self.blocked_queues: frozenset[QueueName] = frozenset()
+        self.last_deserved: dict[QueueName, float] = {}
+        self.blocked_queue_s: dict[QueueName, float] = {q.name: 0.0 for q in spec.queues}
+        self.timeline: list[TimelinePoint] = []
+        for job_spec in workload.jobs:
+            queue = job_spec.queue or spec.default_queue(elastic=job_spec.elastic)
+            if spec.queue(queue) is None:
+                known = ", ".join(q.name for q in spec.queues)
+                raise ValueError(
+                    f"{job_spec.source or job_spec.key}: queue {queue!r} is not in cluster "
+                    f"{spec.name!r} (queues: {known})"
+                )
+            if job_spec.key in self.jobs:
+                raise ValueError(f"{job_spec.source or job_spec.key}: duplicate job {job_spec.key}")
+            cost = job_spec.restart_cost_s
+            job = SimJob(
+                job_spec, queue=queue, restart_cost_s=spec.restart_cost_s if cost is None else cost
+            )
+            self.jobs[job.key] = job
+            self.order.append(job)
+        self.order.sort(key=lambda j: (j.spec.submit_s, j.key))
+
+    # --- time -------------------------------------------------------------------------------
+
+    def advance(self, to_s: float) -> None:
+        """Let simulated time run to ``to_s``: progress, checkpoints and accounting.
+
+        The caller never advances past a job's completion (see ``next_completion``).
+
+        Args:
+            to_s: the new time; not before the current one.
+        """
+        dt = to_s - self.now_s
+        if dt <= 0:
+            return
+        t0 = self.now_s
+        for job in self.running.values():
+            gpus = job.gpus
+            self.alloc_gpu_s += gpus * dt
+            job.attained_gpu_s += gpus * dt
+            progress_from = max(t0, job.restart_until_s)
+            stalled = min(to_s, job.restart_until_s) - t0
+            if stalled > 0 and not job.startup:
+                job.restart_gpu_s += gpus * stalled
+            useful = to_s - progress_from
+            if useful > 0:
+                rate = job.rate
+                job.done_units += rate * useful
+                job.unckpt_s = (job.unckpt_s + useful) % job.spec.checkpoint_interval_s
+                self.effective_gpu_s += (
+                    job.spec.gpus_per_replica * rate / job.spec.profile.rate(1) * useful
+                )
+        for queue in self.blocked_queues:
+            self.blocked_queue_s[queue] += dt
+        self.now_s = to_s
+
+    def next_completion(self) -> tuple[float, SimJob | None]:
+        """The earliest completion among running jobs, if nothing changes before it."""
+        best_s, best = float("inf"), None
+        for job in self.running.values():
+            t = job.completion_s(self.now_s)
+            if t < best_s:
+                best_s, best = t, job
+        return best_s, best
+
+    def finish_due(self) -> list[SimJob]:
+        """Mark every running job whose work is done as done and release its pods."""
+        finished = [
+            job
+            for job in self.running.values()
+            if job.done_units >= job.spec.work_units * (1 - _DONE_EPS)
+            or job.completion_s(self.now_s) <= self.now_s
+        ]
+        for job in finished:
+            job.done_units = job.spec.work_units
+            self._release_all(job)
+            del self.running[job.key]
+            job.status = Status.DONE
+            job.end_s = self.now_s
+            self.done_count += 1
+            logger.debug("t=%.0f job %s done", self.now_s, job.key)
+        return finished
+
+    def submit(self, job: SimJob) -> None:
+        """The job arrives: it waits for the enqueue gate."""
+        job.status = Status.PENDING
+        self.waiting_by_queue[job.queue].append(job)
+
+    def sample_timeline(self) -> None:
+        """Record allocated and effective GPUs now."""
+        allocated = 0.0
+        effective = 0.0
+        for job in self.running.values():
+            allocated += job.gpus
+            if job.restart_until_s <= self.now_s:
+                effective += job.spec.gpus_per_replica * job.spec.profile.speedup(len(job.pods))
+        self.timeline.append(TimelinePoint(self.now_s, allocated, effective))
+
+    # --- membership changes -------------------------------------------------------------------
+
+    def _save_or_lose(self, job: SimJob, *, graceful: bool) -> None:
+        """Before the workers stop: a graceful stop checkpoints, an abrupt one loses work."""
+        if graceful or not job.pods:
+            job.unckpt_s = 0.0
+            return
+        if job.restart_until_s > self.now_s:
+            return  # still restarting: nothing done since the checkpoint it restarted from
+        lost = min(job.done_units, job.rate * job.unckpt_s)
+        if lost > 0:
+            job.done_units -= lost
+            job.killed_units += lost
+            job.killed_gpu_s += job.gpus * job.unckpt_s
+        job.unckpt_s = 0.0
+
+    def _restart(self, job: SimJob) -> None:
+        """The workers restart at the new size: ``restart_cost_s`` without progress."""
+        job.restart_until_s = self.now_s + job.restart_cost_s
+        job.replica_log.append((self.now_s, len(job.pods)))
+
+    def add_pods(self, job: SimJob, nodes: list[int]) -> None:
+        """Placed pods join the job (the gang start or a scale-up): one restart.
+
+        Args:
+            job: the job.
+            nodes: the node of each new pod, already reserved.
+        """
+        if not nodes:
+            return
+        starting = job.status is not Status.RUNNING
+        self._save_or_lose(job, graceful=True)
+        job.pods.extend(nodes)
+        if not starting and job.replica_log and job.replica_log[-1][0] == self.now_s:
+            # More pods in the same session as its last change: still one restart.
+            job.replica_log[-1] = (self.now_s, len(job.pods))
+            return
+        if starting:
+            job.status = Status.RUNNING
+            self.running[job.key] = job
+            if job.first_start_s is None:
+                job.first_start_s = self.now_s
+            else:
+                job.startup = False
+                job.rescales += 1
+        else:
+            job.startup = False
+            job.rescales += 1
+        self._restart(job)
+
+    def remove_pods(self, job: SimJob, count: int, *, graceful: bool) -> None:
+        """Take the job's ``count`` highest-index pods away: one restart, or a requeue below min.
+
+        Args:
+            job: the job.
+            count: pods to remove.
+            graceful: True for tide's checkpoint-first shrink, False for a kill.
+        """
+        count = min(count, len(job.pods))
+        if count <= 0:
+            return
+        self._save_or_lose(job, graceful=graceful)
+        if not graceful:
+            job.kills += 1
+        removed = job.pods[len(job.pods) - count :]
+        del job.pods[len(job.pods) - count :]
+        self.nodes.release(job.spec.gpus_per_replica, removed)
+        if len(job.pods) < job.spec.min_replicas:
+            self._release_all(job)
+            self.running.pop(job.key, None)
+            job.status = Status.INQUEUE
+            job.replica_log.append((self.now_s, 0))
+            self.waiting_by_queue[job.queue].append(job)
+            return
+        job.startup = False
+        job.rescales += 1
+        self._restart(job)
+
+    def suspend(self, job: SimJob) -> None:
+        """Preempt the whole job gracefully (checkpoint, release, back to the queue)."""
+        if job.status is not Status.RUNNING:
+            return
+        self._save_or_lose(job, graceful=True)
+        self._release_all(job)
+        self.running.pop(job.key, None)
+        job.status = Status.PENDING  # back through the enqueue gate, in priority order
+        job.rescales += 1
+        job.replica_log.append((self.now_s, 0))
+        self.waiting_by_queue[job.queue].append(job)
+
+    def _release_all(self, job: SimJob) -> None:
+        self.nodes.release(job.spec.gpus_per_replica, job.pods)
+        job.pods = []
+
+    def resize(self, job: SimJob, replicas: int) -> None:
+        """Set the job's worker replicas; pods above it are removed gracefully at once.
+
+        New pods are placed by the next scheduling session.
+
+        Args:
+            job: the job.
+            replicas: the new ``spec.tasks[worker].replicas``.
+        """
+        job.spec_replicas = replicas
+        excess = len(job.pods) - replicas
+        if excess > 0:
+            self.remove_pods(job, excess, graceful=True)
+
+    def fail_node(self, node: int) -> None:
+        """A node goes down: every pod on it is killed (abruptly)."""
+        if not self.nodes.up[node]:
+            return
+        for job in list(self.running.values()):
+            on_node = sum(1 for n in job.pods if n == node)
+            if on_node:
+                # Move the victims to the end so remove_pods takes exactly them.
+                job.pods = [n for n in job.pods if n != node] + [node] * on_node
+                self.remove_pods(job, on_node, graceful=False)
+        self.nodes.up[node] = False
+        self.nodes.free[node] = self.nodes.gpus_per_node
+
+    def repair_node(self, node: int) -> None:
+        """A failed node comes back, empty."""
+        self.nodes.up[node] = True
+        self.nodes.free[node] = self.nodes.gpus_per_node

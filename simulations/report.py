@@ -1,0 +1,131 @@
+"""What a run is worth: JCT, queueing delay, utilization, restarts and lost work, as one summary."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from simulations.run import SimResult
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A run's figures. Times in hours unless the name says otherwise; NaN when undefined.
+
+    Attributes:
+        policy: the policy's name.
+        workload: the workload's name.
+        jobs: jobs in the workload.
+        finished: jobs that finished.
+        avg_jct_h / median_jct_h / p95_jct_h / p99_jct_h: job completion time (submit to end).
+        avg_queue_h / p95_queue_h: queueing delay (submit to first start), all jobs.
+        p95_queue_nonelastic_h / avg_queue_nonelastic_h: the same for non-elastic jobs only.
+        queue_delay_by_queue_h: average queueing delay per queue.
+        makespan_h: first submission to last completion.
+        gpu_allocation: GPU-seconds held by pods / (GPUs x makespan).
+        useful_utilization: speedup-weighted progress GPU-seconds / (GPUs x makespan).
+        rescales: membership changes after first start, all jobs.
+        kills: abrupt pod kills.
+        restart_gpu_hours: GPU-hours held while restarting.
+        killed_gpu_hours: GPU-hours of work lost to abrupt kills.
+        guaranteed_wait_minutes: queue-minutes when a queue's waiting work fit in its share but
+            the GPUs were held by other queues.
+        work_done_ratio: work done / work asked (1 when every job finished).
+        skipped_rows: bad trace rows skipped.
+        wall_s: wall-clock seconds of the run.
+    """
+
+    policy: str
+    workload: str
+    jobs: int
+    finished: int
+    avg_jct_h: float
+    median_jct_h: float
+    p95_jct_h: float
+    p99_jct_h: float
+    avg_queue_h: float
+    p95_queue_h: float
+    avg_queue_nonelastic_h: float
+    p95_queue_nonelastic_h: float
+    queue_delay_by_queue_h: dict[str, float]
+    makespan_h: float
+    gpu_allocation: float
+    useful_utilization: float
+    rescales: int
+    kills: int
+    restart_gpu_hours: float
+    killed_gpu_hours: float
+    guaranteed_wait_minutes: float
+    work_done_ratio: float
+    skipped_rows: int
+    wall_s: float
+
+    def as_dict(self) -> dict[str, object]:
+        """A JSON-ready dict (NaN becomes None)."""
+        out = asdict(self)
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
+
+
+def _stat(values: Sequence[float], kind: str) -> float:
+    if not values:
+        return math.nan
+    arr = np.asarray(values, dtype=float)
+    if kind == "mean":
+        return float(arr.mean())
+    return float(np.percentile(arr, {"median": 50, "p95": 95, "p99": 99}[kind]))
+
+
+def summarize(result: SimResult) -> Summary:
+    """Compute the figures of one run.
+
+    Args:
+        result: the run.
+
+    Returns:
+        Its summary.
+    """
+    h = 3600.0
+    done = [j for j in result.jobs if j.end_s is not None]
+    jct = [(j.end_s - j.submit_s) / h for j in done if j.end_s is not None]
+    queued = [
+        ((j.start_s if j.start_s is not None else result.end_s) - j.submit_s) / h
+        for j in result.jobs
+    ]
+    nonelastic = [q for q, j in zip(queued, result.jobs, strict=True) if not j.elastic]
+    by_queue: dict[str, list[float]] = {}
+    for q, j in zip(queued, result.jobs, strict=True):
+        by_queue.setdefault(j.queue, []).append(q)
+    first = min((j.submit_s for j in result.jobs), default=0.0)
+    last = max((j.end_s for j in done if j.end_s is not None), default=result.end_s)
+    span = max(last - first, 1e-9)
+    capacity = result.total_gpus * span
+    asked = sum(j.work_units for j in result.jobs)
+    return Summary(
+        policy=result.policy,
+        workload=result.workload,
+        jobs=len(result.jobs),
+        finished=len(done),
+        avg_jct_h=_stat(jct, "mean"),
+        median_jct_h=_stat(jct, "median"),
+        p95_jct_h=_stat(jct, "p95"),
+        p99_jct_h=_stat(jct, "p99"),
+        avg_queue_h=_stat(queued, "mean"),
+        p95_queue_h=_stat(queued, "p95"),
+        avg_queue_nonelastic_h=_stat(nonelastic, "mean"),
+        p95_queue_nonelastic_h=_stat(nonelastic, "p95"),
+        queue_delay_by_queue_h={k: _stat(v, "mean") for k, v in sorted(by_queue.items())},
+        makespan_h=span / h,
+        gpu_allocation=result.alloc_gpu_s / capacity,
+        useful_utilization=result.effective_gpu_s / capacity,
+        rescales=sum(j.rescales for j in result.jobs),
+        kills=sum(j.kills for j in result.jobs),
+        restart_gpu_hours=sum(j.restart_gpu_s for j in result.jobs) / h,
+        killed_gpu_hours=sum(j.killed_gpu_s for j in result.jobs) / h,
+        guaranteed_wait_minutes=sum(result.blocked_queue_s.values()) / 60.0,
+        work_done_ratio=sum(j.done_units for j in result.jobs) / asked if asked else 1.0,
+        skipped_rows=result.skipped_rows,
+        wall_s=result.wall_s,
+    )

@@ -1,0 +1,261 @@
+"""The event loop: jump from event to event and to the next reconcile, never tick every second.
+
+Events are job arrivals, completions (computed from each job's rate), node failures and repairs,
+and reconciles every ``interval_s``. After any event the Volcano session runs once. While nothing
+has happened since a reconcile that changed nothing, the next reconciles may be spaced up to
+``quiet_interval_s`` apart (off by default: equal to the interval).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+from simulations.cluster import MetricsOptions, SimulatedCluster
+from simulations.cluster_config import ClusterSpec
+from simulations.controllers import Controller
+from simulations.core import TimelinePoint
+from simulations.faults import FaultOptions, plan_faults
+from simulations.state import SimJob, Status
+from simulations.volcano import run_session
+from simulations.workload import Workload
+
+logger = logging.getLogger(__name__)
+
+_ARRIVAL, _NODE_DOWN, _NODE_UP = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How one simulation runs.
+
+    Attributes:
+        interval_s: seconds between reconciles (tide uses its policy's interval).
+        quiet_interval_s: longest gap between reconciles while nothing happens; None = interval.
+        horizon_s: stop at this simulated time even if jobs remain; None to run them all.
+        faults: faults to inject.
+        metrics: how the simulated metrics behave.
+    """
+
+    interval_s: float = 60.0
+    quiet_interval_s: float | None = None
+    horizon_s: float | None = None
+    faults: FaultOptions = field(default_factory=FaultOptions)
+    metrics: MetricsOptions = field(default_factory=MetricsOptions)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One job's outcome.
+
+    Attributes:
+        key: the job.
+        queue: its queue.
+        elastic: whether it was elastic.
+        submit_s: submission time.
+        start_s: first start; None if it never started.
+        end_s: completion; None if it did not finish.
+        requested_gpus: GPUs at its requested size.
+        work_units: work asked for.
+        done_units: work done.
+        rescales: membership changes after its first start.
+        kills: abrupt pod kills (reclaim, node failure).
+        restart_gpu_s: GPU-seconds held while restarting (after the first start).
+        killed_gpu_s: GPU-seconds of work lost to abrupt kills.
+        replica_log: ``(time_s, placed pods)`` at each membership change.
+    """
+
+    key: str
+    queue: str
+    elastic: bool
+    submit_s: float
+    start_s: float | None
+    end_s: float | None
+    requested_gpus: int
+    work_units: float
+    done_units: float
+    rescales: int
+    kills: int
+    restart_gpu_s: float
+    killed_gpu_s: float
+    replica_log: tuple[tuple[float, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """Everything a run produced, for the report.
+
+    Attributes:
+        policy: the controller's name.
+        workload: the workload's name.
+        cluster: the cluster's name.
+        total_gpus: GPUs in the cluster.
+        jobs: one record per job.
+        timeline: allocated/effective GPUs at each reconcile.
+        alloc_gpu_s: GPU-seconds held by pods.
+        effective_gpu_s: GPU-seconds of useful progress (speedup-weighted, restarts excluded).
+        blocked_queue_s: per queue, seconds its waiting work fit its share but not the free GPUs.
+        end_s: simulated time when the run stopped.
+        reconciles: reconciles run.
+        writes: replica changes written.
+        skipped_rows: bad trace rows skipped while loading.
+        wall_s: wall-clock seconds the run took.
+    """
+
+    policy: str
+    workload: str
+    cluster: str
+    total_gpus: int
+    jobs: tuple[JobRecord, ...]
+    timeline: tuple[TimelinePoint, ...]
+    alloc_gpu_s: float
+    effective_gpu_s: float
+    blocked_queue_s: dict[str, float]
+    end_s: float
+    reconciles: int
+    writes: int
+    skipped_rows: int
+    wall_s: float
+
+
+def _record(job: SimJob) -> JobRecord:
+    return JobRecord(
+        key=job.key,
+        queue=job.queue,
+        elastic=job.spec.elastic,
+        submit_s=job.spec.submit_s,
+        start_s=job.first_start_s,
+        end_s=job.end_s,
+        requested_gpus=job.spec.requested_replicas * job.spec.gpus_per_replica,
+        work_units=job.spec.work_units,
+        done_units=job.done_units,
+        rescales=job.rescales,
+        kills=job.kills,
+        restart_gpu_s=job.restart_gpu_s,
+        killed_gpu_s=job.killed_gpu_s,
+        replica_log=tuple(job.replica_log),
+    )
+
+
+def simulate(
+    *,
+    workload: Workload,
+    cluster: ClusterSpec,
+    controller: Controller,
+    options: RunOptions | None = None,
+) -> SimResult:
+    """Replay ``workload`` on ``cluster`` with ``controller`` deciding replicas.
+
+    Args:
+        workload: the jobs.
+        cluster: the cluster.
+        controller: tide or a baseline (fresh: controllers keep state).
+        options: run options.
+
+    Returns:
+        The run's result.
+
+    Raises:
+        ValueError: a job names a queue the cluster lacks, or two jobs share a key.
+    """
+    options = options or RunOptions()
+    started = time.perf_counter()
+    if controller.rigid:
+        workload = rigid_workload(workload)
+    last_submit = workload.jobs[-1].submit_s if workload.jobs else 0.0
+    failures, outages = plan_faults(
+        options.faults, nodes=cluster.nodes, span_s=last_submit + 30 * 86400.0
+    )
+    metrics = dataclasses.replace(options.metrics, outages=options.metrics.outages + outages)
+    sim = SimulatedCluster(spec=cluster, workload=workload, metrics=metrics)
+    events: list[tuple[float, int, int, object]] = []
+    for seq, job in enumerate(sim.order):
+        events.append((job.spec.submit_s, _ARRIVAL, seq, job))
+    for i, failure in enumerate(failures):
+        events.append((failure.start_s, _NODE_DOWN, i, failure.node))
+        events.append((failure.end_s, _NODE_UP, i, failure.node))
+    heapq.heapify(events)
+    interval = options.interval_s
+    quiet = options.quiet_interval_s or interval
+    next_reconcile = 0.0
+    reconciles = 0
+    busy_since_reconcile = True
+    total_jobs = len(sim.order)
+    while sim.done_count < total_jobs:
+        t_event = events[0][0] if events else math.inf
+        t_done, _ = sim.next_completion()
+        if not sim.running and not any(sim.waiting_by_queue.values()):
+            # Nothing submitted is alive: jump to the next arrival, reconcile on the grid after.
+            next_reconcile = max(next_reconcile, math.ceil(t_event / interval) * interval)
+        t = min(t_event, t_done, next_reconcile)
+        if t == math.inf:
+            logger.warning(
+                "%d job(s) can never run on cluster %s", total_jobs - sim.done_count, cluster.name
+            )
+            break
+        if options.horizon_s is not None and t > options.horizon_s:
+            sim.advance(options.horizon_s)
+            break
+        sim.advance(t)
+        changed = bool(sim.finish_due())
+        while events and events[0][0] <= t:
+            _, kind, _, payload = heapq.heappop(events)
+            changed = True
+            if kind == _ARRIVAL:
+                assert isinstance(payload, SimJob)
+                sim.submit(payload)
+            elif kind == _NODE_DOWN:
+                assert isinstance(payload, int)
+                sim.fail_node(payload)
+            else:
+                assert isinstance(payload, int)
+                sim.repair_node(payload)
+        busy_since_reconcile = busy_since_reconcile or changed
+        if t >= next_reconcile:
+            reconciles += 1
+            writes = controller.control(sim, now_s=t)
+            sim.sample_timeline()
+            changed = changed or writes > 0
+            step = interval if (busy_since_reconcile or writes) else quiet
+            busy_since_reconcile = False
+            next_reconcile = t + step
+        elif changed and next_reconcile - t > interval:
+            next_reconcile = math.ceil(t / interval) * interval
+        if changed:
+            run_session(sim, order=controller.order())
+    return SimResult(
+        policy=controller.name,
+        workload=workload.name,
+        cluster=cluster.name,
+        total_gpus=cluster.total_gpus,
+        jobs=tuple(_record(job) for job in sim.order),
+        timeline=tuple(sim.timeline),
+        alloc_gpu_s=sim.alloc_gpu_s,
+        effective_gpu_s=sim.effective_gpu_s,
+        blocked_queue_s={str(k): v for k, v in sim.blocked_queue_s.items()},
+        end_s=sim.now_s,
+        reconciles=reconciles,
+        writes=sim.writes,
+        skipped_rows=workload.skipped_rows,
+        wall_s=time.perf_counter() - started,
+    )
+
+
+def rigid_workload(workload: Workload) -> Workload:
+    """Every job at its requested size as a full gang (how a non-elastic scheduler runs it).
+
+    Jobs keep their ``elastic`` flag (and so their queue and report group); with min = max = the
+    requested replicas nothing can resize them.
+    """
+    jobs = tuple(
+        dataclasses.replace(j, min_replicas=j.requested_replicas, max_replicas=j.requested_replicas)
+        for j in workload.jobs
+    )
+    return dataclasses.replace(workload, jobs=jobs)
+
+
+__all__ = ["JobRecord", "RunOptions", "SimResult", "Status", "simulate"]

@@ -1,0 +1,161 @@
+"""The simulator's mutable inner state: jobs as they run and the nodes' free GPUs.
+
+These objects never leave the simulator; what crosses its boundary is built from them as the
+engine's frozen dataclasses (``JobState``, ``QueueState``) or the report's.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from scheduler_policy.model import JobKey, JobMemory, QueueName, ThroughputPoint
+from simulations.workload import WorkloadJob
+
+
+class Status(enum.Enum):
+    """Where a job is in its life in the simulated cluster.
+
+    Transitions (the only ones the simulator makes):
+        WAITING -> PENDING: the job is submitted.
+        PENDING -> INQUEUE: the enqueue gate admits it.
+        INQUEUE -> RUNNING: its gang minimum is placed.
+        RUNNING -> INQUEUE: a node failure took it below its minimum.
+        RUNNING -> PENDING: it was suspended (preempted whole) by a preemptive baseline.
+        RUNNING -> DONE: all its work is done.
+    """
+
+    WAITING = "Waiting"
+    PENDING = "Pending"
+    INQUEUE = "Inqueue"
+    RUNNING = "Running"
+    DONE = "Done"
+
+
+class SimJob:
+    """One job's runtime state (mutable; internal to the simulator)."""
+
+    __slots__ = (
+        "attained_gpu_s",
+        "done_units",
+        "end_s",
+        "first_start_s",
+        "key",
+        "killed_gpu_s",
+        "killed_units",
+        "kills",
+        "memory",
+        "pods",
+        "points",
+        "queue",
+        "replica_log",
+        "rescales",
+        "restart_cost_s",
+        "restart_gpu_s",
+        "restart_until_s",
+        "spec",
+        "spec_replicas",
+        "startup",
+        "status",
+        "unckpt_s",
+    )
+
+    def __init__(self, spec: WorkloadJob, *, queue: QueueName, restart_cost_s: float) -> None:
+        self.spec = spec
+        self.key: JobKey = spec.key
+        self.queue = queue
+        self.restart_cost_s = restart_cost_s
+        self.status = Status.WAITING
+        self.spec_replicas = spec.requested_replicas
+        self.pods: list[int] = []
+        self.done_units = 0.0
+        self.unckpt_s = 0.0
+        self.restart_until_s = 0.0
+        self.first_start_s: float | None = None
+        self.end_s: float | None = None
+        self.startup = True
+        self.memory = JobMemory()
+        self.points: list[ThroughputPoint] = []
+        self.rescales = 0
+        self.kills = 0
+        self.restart_gpu_s = 0.0
+        self.killed_units = 0.0
+        self.killed_gpu_s = 0.0
+        self.attained_gpu_s = 0.0
+        self.replica_log: list[tuple[float, int]] = []
+
+    @property
+    def gpus(self) -> int:
+        """GPUs its placed pods hold."""
+        return len(self.pods) * self.spec.gpus_per_replica
+
+    @property
+    def rate(self) -> float:
+        """Work units per second at its placed size (ignoring a restart in progress)."""
+        return self.spec.profile.rate(len(self.pods))
+
+    @property
+    def remaining_units(self) -> float:
+        """Work left."""
+        return max(0.0, self.spec.work_units - self.done_units)
+
+    @property
+    def wanted_pods(self) -> int:
+        """Pods its spec asks for that are not placed."""
+        return max(0, self.spec_replicas - len(self.pods))
+
+    def completion_s(self, now_s: float) -> float:
+        """When it will finish at its current size, if nothing changes; inf when not running."""
+        rate = self.rate
+        if self.status is not Status.RUNNING or rate <= 0:
+            return float("inf")
+        return max(now_s, self.restart_until_s) + self.remaining_units / rate
+
+
+class Nodes:
+    """Free GPUs per node, and which nodes are up."""
+
+    __slots__ = ("free", "gpus_per_node", "up")
+
+    def __init__(self, *, count: int, gpus_per_node: int) -> None:
+        self.gpus_per_node = gpus_per_node
+        self.free = [gpus_per_node] * count
+        self.up = [True] * count
+
+    @property
+    def total_free(self) -> int:
+        """Free GPUs on nodes that are up."""
+        return sum(f for f, u in zip(self.free, self.up, strict=True) if u)
+
+    @property
+    def healthy_gpus(self) -> int:
+        """GPUs on nodes that are up."""
+        return self.gpus_per_node * sum(self.up)
+
+    def place(self, gpus: int, count: int) -> list[int] | None:
+        """Reserve ``count`` pods of ``gpus`` each, best fit (fullest node first); all or none.
+
+        Args:
+            gpus: GPUs per pod.
+            count: number of pods.
+
+        Returns:
+            The node of each pod, or None (and nothing reserved) if they do not all fit.
+        """
+        chosen: list[int] = []
+        for _ in range(count):
+            best = -1
+            for i, free in enumerate(self.free):
+                if self.up[i] and free >= gpus and (best < 0 or free < self.free[best]):
+                    best = i
+            if best < 0:
+                for node in chosen:
+                    self.free[node] += gpus
+                return None
+            self.free[best] -= gpus
+            chosen.append(best)
+        return chosen
+
+    def release(self, gpus: int, nodes: list[int]) -> None:
+        """Give back pods of ``gpus`` each on ``nodes``."""
+        for node in nodes:
+            self.free[node] += gpus

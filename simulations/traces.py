@@ -1,0 +1,290 @@
+"""Trace loaders: Philly job lists, Microsoft ITP / ElasticFlow raw traces, tide's own format.
+
+Duration-only traces (Philly, ITP) say how long a job ran on how many GPUs, not how it scales, so
+each job gets a built-in job type's curve (seeded choice) scaled so that it takes exactly its
+recorded duration at its recorded size. A seeded ``elastic_fraction`` of jobs is elastic, between
+half and twice their size. tide's own format (TRACE_FORMAT.md) says all of this per job.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import tarfile
+import zlib
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from scheduler_policy.model import JobKey, QueueName
+from simulations.errors import TraceError
+from simulations.profiles import BUILTIN_JOB_TYPES, builtin_job_type
+from simulations.workload import DEFAULT_CHECKPOINT_INTERVAL_S, Workload, WorkloadJob
+
+Row = Mapping[str, Any]
+
+
+def _pick(key: str, salt: str, n: int) -> int:
+    """A stable pseudo-random index in [0, n) from a job's key (seeded by ``salt``)."""
+    return zlib.crc32(f"{salt}/{key}".encode()) % n
+
+
+def duration_job(
+    *,
+    key: str,
+    submit_s: float,
+    duration_s: float,
+    gpus: int,
+    seed: int,
+    elastic_fraction: float,
+    source: str,
+) -> WorkloadJob:
+    """A job from a duration-only record (see the module docstring).
+
+    Args:
+        key: the job's id.
+        submit_s: submission time, seconds from the trace start.
+        duration_s: run time at ``gpus`` GPUs.
+        gpus: GPUs it ran with (one per replica).
+        seed: seeds the job-type and elasticity choices.
+        elastic_fraction: share of jobs made elastic.
+        source: ``file:line``.
+
+    Returns:
+        The job.
+
+    Raises:
+        ValueError: a non-positive duration or GPU count.
+    """
+    if not duration_s > 0 or not math.isfinite(duration_s):
+        raise ValueError(f"duration must be > 0, got {duration_s}")
+    if gpus < 1:
+        raise ValueError(f"GPU count must be >= 1, got {gpus}")
+    elastic = _pick(key, f"elastic{seed}", 10_000) < elastic_fraction * 10_000
+    job_type = BUILTIN_JOB_TYPES[_pick(key, f"type{seed}", len(BUILTIN_JOB_TYPES))]
+    return WorkloadJob(
+        key=JobKey(f"trace/{key}"),
+        submit_s=submit_s,
+        queue=None,
+        elastic=elastic,
+        gpus_per_replica=1,
+        min_replicas=max(1, gpus // 2) if elastic else gpus,
+        max_replicas=gpus * 2 if elastic else gpus,
+        requested_replicas=gpus,
+        work_units=duration_s * job_type.profile.rate(gpus),
+        profile=job_type.profile,
+        source=source,
+    )
+
+
+def _csv_rows(text: str) -> Iterator[tuple[int, dict[str, str]]]:
+    yield from enumerate(csv.DictReader(io.StringIO(text)), start=2)
+
+
+def _collect(
+    rows: Iterator[tuple[int, Row]],
+    *,
+    where: str,
+    name: str,
+    skip_bad_rows: bool,
+    build: Callable[[int, Row], WorkloadJob],
+) -> Workload:
+    jobs: list[WorkloadJob] = []
+    skipped = 0
+    for line, row in rows:
+        try:
+            job = build(line, row)
+            problems = job.problems()
+            if problems:
+                raise ValueError("; ".join(problems))
+        except (KeyError, ValueError, TypeError) as e:
+            if skip_bad_rows:
+                skipped += 1
+                continue
+            detail = f"missing column {e}" if isinstance(e, KeyError) else str(e)
+            raise TraceError(where, line, detail) from e
+        jobs.append(job)
+    jobs.sort(key=lambda j: j.submit_s)
+    return Workload(name=name, jobs=tuple(jobs), skipped_rows=skipped)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TraceError(path, 0, f"cannot read: {e}") from e
+
+
+def load_philly(
+    path: Path,
+    *,
+    seed: int = 0,
+    elastic_fraction: float = 0.5,
+    skip_bad_rows: bool = False,
+    max_jobs: int | None = None,
+) -> Workload:
+    """Read a Philly-derived job list (``timestamp,duration,num_gpus,gpu_time,cluster``).
+
+    ``timestamp`` is ``YYYY-MM-DD HH:MM:SS``; submissions are measured from the earliest one.
+
+    Raises:
+        TraceError: a bad row (file and line), unless ``skip_bad_rows``.
+    """
+    rows = list(_csv_rows(_read(path)))[: max_jobs or None]
+    stamps: list[float] = []
+    for _, row in rows:
+        try:
+            stamps.append(datetime.fromisoformat(row["timestamp"]).timestamp())
+        except (KeyError, ValueError, TypeError):
+            continue
+    origin = min(stamps, default=0.0)
+
+    def build(line: int, row: Row) -> WorkloadJob:
+        submit = datetime.fromisoformat(row["timestamp"]).timestamp() - origin
+        return duration_job(
+            key=f"philly-{line}",
+            submit_s=submit,
+            duration_s=float(row["duration"]),
+            gpus=int(row["num_gpus"]),
+            seed=seed,
+            elastic_fraction=elastic_fraction,
+            source=f"{path}:{line}",
+        )
+
+    return _collect(
+        iter(rows), where=str(path), name=path.stem, skip_bad_rows=skip_bad_rows, build=build
+    )
+
+
+def load_itp(
+    path: Path,
+    *,
+    member: str,
+    seed: int = 0,
+    elastic_fraction: float = 0.5,
+    skip_bad_rows: bool = False,
+) -> Workload:
+    """Read one cluster of the Microsoft ITP raw traces (``job_id,submission_time,duration,
+    num_gpu``) from inside the ElasticFlow tarball, without extracting it.
+
+    Args:
+        path: ``raw-traces.tar.gz``.
+        member: the member's file name, e.g. ``cluster04.csv``.
+        seed: seeds job types and elasticity.
+        elastic_fraction: share of jobs made elastic.
+        skip_bad_rows: skip (and count) bad rows.
+
+    Raises:
+        TraceError: the archive or member cannot be read, or a bad row.
+    """
+    where = f"{path}:{member}"
+    try:
+        with tarfile.open(path) as archive:
+            found = [m for m in archive.getmembers() if Path(m.name).name == member]
+            if not found:
+                raise TraceError(where, 0, "no such member in the archive")
+            handle = archive.extractfile(found[0])
+            if handle is None:
+                raise TraceError(where, 0, "member is not a file")
+            text = handle.read().decode("utf-8")
+    except (OSError, tarfile.TarError, UnicodeDecodeError) as e:
+        raise TraceError(where, 0, f"cannot read: {e}") from e
+
+    def build(line: int, row: Row) -> WorkloadJob:
+        return duration_job(
+            key=str(row["job_id"]),
+            submit_s=float(row["submission_time"]),
+            duration_s=float(row["duration"]),
+            gpus=int(row["num_gpu"]),
+            seed=seed,
+            elastic_fraction=elastic_fraction,
+            source=f"{where}:{line}",
+        )
+
+    return _collect(
+        _csv_rows(text),
+        where=where,
+        name=f"itp-{Path(member).stem}",
+        skip_bad_rows=skip_bad_rows,
+        build=build,
+    )
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise ValueError(f"elastic must be true or false, got {value!r}")
+
+
+def _optional(row: Row, key: str) -> Any:
+    value = row.get(key)
+    return None if value is None or value == "" else value
+
+
+def tide_job(row: Row, *, source: str) -> WorkloadJob:
+    """One job of tide's trace format (TRACE_FORMAT.md)."""
+    replicas = int(row["replicas"])
+    elastic = _bool(row.get("elastic", False))
+    job_type = builtin_job_type(str(_optional(row, "job_type") or "transformer"))
+    min_r = _optional(row, "min_replicas")
+    max_r = _optional(row, "max_replicas")
+    restart = _optional(row, "restart_cost_s")
+    ckpt = _optional(row, "checkpoint_interval_s")
+    queue = _optional(row, "queue")
+    duration = float(row["duration_s"])
+    if not duration > 0:
+        raise ValueError(f"duration_s must be > 0, got {duration}")
+    return WorkloadJob(
+        key=JobKey(str(row["job_id"])),
+        submit_s=float(row["submit_s"]),
+        queue=QueueName(str(queue)) if queue is not None else None,
+        elastic=elastic,
+        gpus_per_replica=int(_optional(row, "gpus_per_replica") or 1),
+        min_replicas=int(min_r) if min_r is not None else replicas,
+        max_replicas=int(max_r) if max_r is not None else replicas,
+        requested_replicas=replicas,
+        work_units=duration * job_type.profile.rate(replicas),
+        profile=job_type.profile,
+        checkpoint_interval_s=float(ckpt) if ckpt is not None else DEFAULT_CHECKPOINT_INTERVAL_S,
+        restart_cost_s=float(restart) if restart is not None else None,
+        source=source,
+    )
+
+
+def load_tide_trace(path: Path, *, skip_bad_rows: bool = False) -> Workload:
+    """Read a trace in tide's format: CSV, or JSON Lines when the name ends in ``.jsonl``.
+
+    Raises:
+        TraceError: a bad row or line (file and line), unless ``skip_bad_rows``.
+    """
+    text = _read(path)
+    if path.suffix == ".jsonl":
+
+        def json_rows() -> Iterator[tuple[int, Row]]:
+            for line, raw in enumerate(text.splitlines(), start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    value = json.loads(raw)
+                except json.JSONDecodeError as e:
+                    value = {"_error": f"invalid JSON: {e.msg}"}
+                yield line, value if isinstance(value, dict) else {"_error": "not an object"}
+
+        rows: Iterator[tuple[int, Row]] = json_rows()
+    else:
+        rows = _csv_rows(text)
+
+    def build(line: int, row: Row) -> WorkloadJob:
+        if "_error" in row:
+            raise ValueError(row["_error"])
+        return tide_job(row, source=f"{path}:{line}")
+
+    return _collect(rows, where=str(path), name=path.stem, skip_bad_rows=skip_bad_rows, build=build)

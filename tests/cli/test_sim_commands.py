@@ -1,0 +1,126 @@
+"""The simulate/compare/tune commands through typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from tide import sim_commands
+
+app = typer.Typer()
+sim_commands.register(app)
+runner = CliRunner()
+POLICY = """apiVersion: tide.io/v1alpha1
+kind: ElasticPolicy
+metadata: {name: %s}
+spec:
+  interval: %s
+  queues:
+    - {name: research, elastic: true, borrowIdleGpus: true}
+    - {name: production, elastic: false}
+"""
+
+
+def test_simulate_writes_report_and_plots(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--policies",
+            "tide,static",
+            "--duration",
+            "3",
+            "--out",
+            str(out),
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert [s["policy"] for s in doc["summaries"]] == ["tide", "static"]
+    assert {p.name for p in out.iterdir()} == {
+        "report.json",
+        "jct_cdf.png",
+        "utilization.png",
+        "replicas.png",
+    }
+
+
+def test_simulate_bad_trace_row_exits_1_naming_file_and_line(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_s,replicas,duration_s\na,0,2,600\nb,1,two,600\n")
+    result = runner.invoke(app, ["simulate", "--trace", str(trace), "--out", str(tmp_path)])
+    assert result.exit_code == 1
+    assert "t.csv:3" in result.output.replace("\n", "")
+    ok = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--trace",
+            str(trace),
+            "--skip-bad-rows",
+            "--policies",
+            "static",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+    )
+    assert ok.exit_code == 0, ok.output
+    assert "skipped 1 bad trace row" in ok.output
+
+
+def test_unknown_policy_is_an_error(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["simulate", "--policies", "tide,magic", "--out", str(tmp_path)])
+    assert result.exit_code == 1 and "magic" in result.output
+
+
+def test_compare_two_policy_files(tmp_path: Path) -> None:
+    for name, interval in (("fast", "30s"), ("slow", "5m")):
+        (tmp_path / f"{name}.yaml").write_text(POLICY % (name, interval))
+    result = runner.invoke(
+        app,
+        [
+            "compare",
+            str(tmp_path / "fast.yaml"),
+            str(tmp_path / "slow.yaml"),
+            "--duration",
+            "2",
+            "--out",
+            str(tmp_path / "o"),
+            "--json",
+            str(tmp_path / "c.json"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert [s["policy"] for s in doc["summaries"]] == ["fast", "slow"]
+
+
+def test_tune_writes_trials_and_best_policy(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "method: grid\nobjective: avg_jct_h\nparameters:\n  defaults.cooldown_s: [60, 600]\n"
+    )
+    out = tmp_path / "tune"
+    result = runner.invoke(
+        app, ["tune", str(space), "--duration", "2", "--workers", "2", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    rows = (out / "trials.csv").read_text().splitlines()
+    assert rows[0] == "trial,defaults.cooldown_s,avg_jct_h" and len(rows) == 3
+    from scheduler_policy.policy_file import load_policy
+
+    best = load_policy(out / "best-policy.yaml")
+    assert best.defaults.cooldown_s in (60.0, 600.0)
+
+
+def test_tune_bad_space_exits_1(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("parameters:\n  defaults.cooldwn_s: [1, 2]\n")
+    result = runner.invoke(app, ["tune", str(space), "--out", str(tmp_path)])
+    assert result.exit_code == 1 and "defaults.cooldwn_s" in result.output

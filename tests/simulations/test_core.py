@@ -1,0 +1,72 @@
+"""Progress, restart cost and lost work."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler_policy.model import JobKey
+from simulations.volcano import run_session
+from tests.simulations.helpers import make_job, make_sim
+
+
+@pytest.mark.parametrize(
+    ("restart_s", "expected_done_s"),
+    [(0.0, 50.0), (30.0, 80.0)],
+    ids=["no-restart-cost", "30s-start-up"],
+)
+def test_restart_cost_delays_completion(restart_s: float, expected_done_s: float) -> None:
+    sim = make_sim([make_job("x", replicas=2, work=100.0, restart_s=restart_s)])
+    run_session(sim)
+    t, _ = sim.next_completion()
+    assert t == pytest.approx(expected_done_s)
+    sim.advance(t)
+    assert [j.key for j in sim.finish_due()] == [JobKey("ns/x")]
+
+
+@pytest.mark.parametrize(
+    ("graceful", "expected_done", "expected_killed"),
+    [(True, 200.0, 0.0), (False, 200.0 - 4 * 40.0, 4 * 40.0)],
+    ids=["graceful-shrink-keeps-work", "abrupt-kill-loses-since-checkpoint"],
+)
+def test_lost_work(graceful: bool, expected_done: float, expected_killed: float) -> None:
+    # 4 replicas at 1 unit/s each, checkpoint every 60 s; at t=100 the last checkpoint was t=60.
+    sim = make_sim([make_job("x", replicas=4, min_r=1, max_r=4, work=1e6, ckpt_s=60.0)])
+    run_session(sim)
+    sim.advance(50.0)
+    job = sim.jobs[JobKey("ns/x")]
+    assert job.done_units == pytest.approx(200.0)
+    sim.advance(100.0)
+    sim.remove_pods(job, 2, graceful=graceful)
+    assert job.done_units == pytest.approx(400.0 - (0 if graceful else 160.0))
+    assert job.killed_units == pytest.approx(expected_killed and 160.0)
+    assert job.rescales == 1
+    assert len(job.pods) == 2
+    del expected_done
+
+
+def test_shrink_costs_one_restart_without_progress() -> None:
+    sim = make_sim([make_job("x", replicas=4, min_r=1, max_r=4, work=1e6, restart_s=30.0)])
+    run_session(sim)
+    sim.advance(130.0)  # 30 s start-up, then 100 s at 4 units/s
+    job = sim.jobs[JobKey("ns/x")]
+    assert job.done_units == pytest.approx(400.0)
+    sim.resize(job, 2)
+    sim.advance(160.0)  # restarting: no progress
+    assert job.done_units == pytest.approx(400.0)
+    sim.advance(170.0)
+    assert job.done_units == pytest.approx(420.0)
+    assert job.restart_gpu_s == pytest.approx(2 * 30.0)
+
+
+def test_node_failure_below_min_requeues_the_job() -> None:
+    sim = make_sim([make_job("x", replicas=4, min_r=4, max_r=4, work=1e6)], nodes=1)
+    run_session(sim)
+    sim.advance(10.0)
+    sim.fail_node(0)
+    job = sim.jobs[JobKey("ns/x")]
+    assert job.pods == [] and job.key not in sim.running
+    run_session(sim)
+    assert job.pods == []  # no healthy node
+    sim.repair_node(0)
+    run_session(sim)
+    assert len(job.pods) == 4

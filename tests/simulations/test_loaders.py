@@ -1,0 +1,137 @@
+"""Trace loaders on small files made here, and on the shared public traces when present."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from simulations.api import detect_format, load_workload
+from simulations.cluster_config import BUILTIN_CLUSTER, load_cluster
+from simulations.errors import ClusterFileError, TraceError
+from simulations.pollux import load_pollux_workload
+from simulations.traces import load_itp, load_philly, load_tide_trace
+from simulations.workload import generate_workload
+
+SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
+POLLUX = SHARED / "pollux-osdi21"
+ITP = SHARED / "elasticflow-itp" / "raw-traces.tar.gz"
+TIDE_HEADER = (
+    "job_id,submit_s,queue,elastic,replicas,min_replicas,max_replicas,duration_s,job_type\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "bad_line", "message"),
+    [
+        (
+            "a,0,research,true,2,1,4,600,vision-cnn\nb,5,research,true,2,3,4,600,vision-cnn\n",
+            3,
+            "min_replicas",
+        ),
+        ("a,0,research,true,2,1,4,-1,vision-cnn\n", 2, "duration_s"),
+        ("a,0,research,maybe,2,1,4,600,vision-cnn\n", 2, "elastic"),
+        ("a,0,research,true,2,1,4,600,gpt9\n", 2, "unknown job type"),
+        ("a,x,research,true,2,1,4,600,vision-cnn\n", 2, "could not convert"),
+    ],
+    ids=["min-above-requested", "negative-duration", "bad-bool", "unknown-type", "bad-number"],
+)
+def test_tide_csv_bad_row_names_file_and_line(
+    tmp_path: Path, body: str, bad_line: int, message: str
+) -> None:
+    path = tmp_path / "t.csv"
+    path.write_text(TIDE_HEADER + body)
+    with pytest.raises(TraceError, match=message) as info:
+        load_tide_trace(path)
+    assert info.value.line == bad_line and str(path) in str(info.value)
+    skipped = load_tide_trace(path, skip_bad_rows=True)
+    assert skipped.skipped_rows == 1
+
+
+def test_tide_jsonl_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"job_id": "a", "submit_s": 10, "replicas": 2, "duration_s": 600, "elastic": true,'
+        ' "min_replicas": 1, "max_replicas": 8, "queue": "research"}\n\nnot json\n'
+    )
+    with pytest.raises(TraceError) as info:
+        load_tide_trace(path)
+    assert info.value.line == 3
+    workload = load_tide_trace(path, skip_bad_rows=True)
+    (job,) = workload.jobs
+    assert (job.min_replicas, job.max_replicas, job.elastic, job.queue) == (1, 8, True, "research")
+    assert job.work_units / job.profile.rate(2) == pytest.approx(600.0)
+    assert detect_format(path) == "tide"
+
+
+def test_philly_and_itp_small_files(tmp_path: Path) -> None:
+    philly = tmp_path / "philly.csv"
+    philly.write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n"
+        "2017-10-09 07:01:55,66.0,1,66.0,c\n2017-10-09 07:00:55,100.0,4,400.0,c\n"
+        "2017-10-09 07:02:55,0,4,0,c\n"
+    )
+    with pytest.raises(TraceError, match="duration") as info:
+        load_philly(philly)
+    assert info.value.line == 4
+    w = load_philly(philly, skip_bad_rows=True)
+    assert [j.submit_s for j in w.jobs] == [0.0, 60.0] and w.skipped_rows == 1
+    data = b"job_id,submission_time,duration,num_gpu\nj1,5,100,2\nj2,7,50,zero\n"
+    archive = tmp_path / "raw.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info_ = tarfile.TarInfo("raw/clusterX.csv")
+        info_.size = len(data)
+        tar.addfile(info_, io.BytesIO(data))
+    with pytest.raises(TraceError, match=r"clusterX\.csv:3"):
+        load_itp(archive, member="clusterX.csv")
+    assert len(load_itp(archive, member="clusterX.csv", skip_bad_rows=True).jobs) == 1
+    with pytest.raises(TraceError, match="no such member"):
+        load_itp(archive, member="nope.csv")
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("nodes: 0\ngpus_per_node: 4\nqueues: [{name: a}]\n", "nodes"),
+        ("nodes: 1\ngpus_per_node: 4\nqueues: [{name: a, guarantee_gpus: 9}]\n", "guarantees"),
+        ("nodes: 1\ngpus_per_node: 4\nqueues: [{name: a}, {name: a}]\n", "duplicate"),
+        ("nodes: 1\ngpus_per_node: 4\nqueues: [{name: a, wieght: 2}]\n", "unknown field"),
+    ],
+    ids=["zero-nodes", "over-guaranteed", "duplicate-queue", "typo"],
+)
+def test_cluster_file_problems(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ClusterFileError, match=problem):
+        load_cluster(path)
+
+
+def test_example_cluster_files_load() -> None:
+    folder = Path(__file__).resolve().parents[2] / "manifests" / "clusters"
+    specs = {p.stem: load_cluster(p) for p in folder.glob("*.yaml")}
+    assert specs["small-mixed"] == BUILTIN_CLUSTER
+    assert specs["pollux-64"].total_gpus == 64
+
+
+def test_builtin_generator_is_seeded_and_mixed() -> None:
+    a, b = generate_workload(seed=3), generate_workload(seed=3)
+    assert a == b and a != generate_workload(seed=4)
+    assert {j.elastic for j in a.jobs} == {True, False}
+    assert all(not j.problems() for j in a.jobs)
+
+
+@pytest.mark.skipif(not POLLUX.exists(), reason=f"shared Pollux traces absent at {POLLUX}")
+def test_real_pollux_workload() -> None:
+    w = load_pollux_workload(POLLUX / "workloads" / "workload-1.csv", traces_dir=POLLUX / "traces")
+    assert len(w.jobs) == 160 and w.skipped_rows == 0
+    cifar = next(j for j in w.jobs if j.key == "pollux/cifar10-0")
+    assert cifar.requested_replicas == 6 and cifar.profile.samples_per_unit == 2048
+    assert cifar.profile.speedup(4) > 2.0  # measured: ~3.6x
+
+
+@pytest.mark.skipif(not ITP.exists(), reason=f"shared ITP traces absent at {ITP}")
+def test_real_itp_cluster04() -> None:
+    w = load_workload(trace=ITP, member="cluster04.csv")
+    assert len(w.jobs) == 15802

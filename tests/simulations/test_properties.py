@@ -1,0 +1,98 @@
+"""Conservation invariants over random workloads, for every policy."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scheduler_policy.model import QueueName
+from simulations.api import default_policy_for
+from simulations.cluster_config import ClusterSpec, QueueSpec
+from simulations.controllers import make_controller
+from simulations.faults import FaultOptions
+from simulations.run import RunOptions, simulate
+from simulations.state import Status
+from simulations.volcano import run_session
+from simulations.workload import Workload
+from tests.simulations.helpers import make_job
+
+CLUSTER = ClusterSpec(
+    name="prop",
+    nodes=2,
+    gpus_per_node=4,
+    queues=(
+        QueueSpec(QueueName("a")),
+        QueueSpec(QueueName("b"), guarantee_gpus=2, elastic=False, reclaimable=False),
+    ),
+)
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> Workload:
+    jobs = []
+    for i in range(draw(st.integers(1, 8))):
+        elastic = draw(st.booleans())
+        replicas = draw(st.integers(1, 4))
+        min_r = draw(st.integers(1, replicas)) if elastic else replicas
+        jobs.append(
+            make_job(
+                f"j{i}",
+                queue="a" if elastic else "b",
+                submit_s=draw(st.floats(0, 3600)),
+                replicas=replicas,
+                min_r=min_r,
+                max_r=replicas + (draw(st.integers(0, 4)) if elastic else 0),
+                work=draw(st.floats(50, 20000)),
+                elastic=elastic,
+                restart_s=draw(st.sampled_from([0.0, 30.0])),
+                ckpt_s=draw(st.sampled_from([60.0, 600.0])),
+            )
+        )
+    jobs.sort(key=lambda j: j.submit_s)
+    return Workload("random", tuple(jobs))
+
+
+@pytest.mark.parametrize("policy", ["tide", "static", "threshold", "hpa", "optimus", "tiresias"])
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=workloads(), mtbf=st.sampled_from([None, 4 * 3600.0]))
+def test_every_job_finishes_and_work_is_conserved(
+    policy: str, workload: Workload, mtbf: float | None
+) -> None:
+    controller = make_controller(policy, workload=workload, policy=default_policy_for(CLUSTER))
+    options = RunOptions(faults=FaultOptions(node_mtbf_s=mtbf, node_repair_s=600.0, seed=1))
+    result = simulate(workload=workload, cluster=CLUSTER, controller=controller, options=options)
+    assert all(j.end_s is not None for j in result.jobs)
+    for job in result.jobs:
+        assert job.done_units == pytest.approx(job.work_units)
+        assert job.start_s is not None and job.submit_s <= job.start_s <= job.end_s  # type: ignore[operator]
+    assert result.alloc_gpu_s <= CLUSTER.total_gpus * result.end_s + 1e-6
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    workload=workloads(),
+    steps=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 8)), max_size=12),
+)
+def test_no_gpu_is_allocated_twice(workload: Workload, steps: list[tuple[int, int]]) -> None:
+    from simulations.cluster import SimulatedCluster
+
+    sim = SimulatedCluster(spec=CLUSTER, workload=workload)
+    for job in sim.order:
+        sim.submit(job)
+    t = 0.0
+    for index, replicas in steps:
+        run_session(sim)
+        held = [0] * CLUSTER.nodes
+        for job in sim.running.values():
+            assert len(job.pods) >= job.spec.min_replicas
+            for node in job.pods:
+                held[node] += job.spec.gpus_per_replica
+        for node in range(CLUSTER.nodes):
+            assert held[node] + sim.nodes.free[node] == CLUSTER.gpus_per_node
+        job = sim.order[index % len(sim.order)]
+        if job.status is Status.RUNNING and job.spec.elastic:
+            sim.resize(job, max(job.spec.min_replicas, min(job.spec.max_replicas, replicas)))
+        t += 10.0
+        sim.advance(min(t, sim.next_completion()[0]))
+        sim.finish_due()

@@ -1,0 +1,322 @@
+"""``tide simulate``, ``tide compare`` and ``tide tune``: thin commands over ``simulations``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from scheduler_policy.errors import TideError
+from scheduler_policy.policy import ElasticPolicy
+from scheduler_policy.policy_file import load_policy
+from simulations.api import PolicyRun, default_policy_for, load_workload
+from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
+from simulations.compare import fmt as format_number
+from simulations.compare import run_comparison
+from simulations.controllers import BASELINE_NAMES
+from simulations.errors import SimulationError
+from simulations.faults import FaultOptions
+from simulations.run import RunOptions
+from simulations.tune import load_search_space, policy_yaml, tune
+from simulations.workload import Workload
+
+console = Console()
+
+TraceOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--trace",
+        help="Trace file (tide CSV/JSONL, Pollux, Philly, ITP "
+        "tarball); default: the built-in workload.",
+    ),
+]
+FormatOpt = Annotated[
+    str, typer.Option("--format", help="Trace format: auto|tide|pollux|philly|itp.")
+]
+MemberOpt = Annotated[str, typer.Option("--member", help="Cluster file inside an ITP tarball.")]
+ClusterOpt = Annotated[
+    Path | None, typer.Option("--cluster", help="Cluster file (YAML); default: built-in 8x4 GPUs.")
+]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of workload, noise and faults.")]
+DurationOpt = Annotated[
+    float, typer.Option("--duration", help="Arrival window of the built-in workload, hours.")
+]
+HorizonOpt = Annotated[
+    float | None, typer.Option("--horizon", help="Stop the simulation at this time, hours.")
+]
+SkipOpt = Annotated[
+    bool, typer.Option("--skip-bad-rows", help="Skip and count bad trace rows instead of failing.")
+]
+OutOpt = Annotated[Path, typer.Option("--out", help="Folder for the report and plots.")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here.")]
+MtbfOpt = Annotated[
+    float | None, typer.Option("--node-mtbf", help="Mean time between failures per node, hours.")
+]
+OutageOpt = Annotated[
+    float | None,
+    typer.Option("--metrics-outage-every", help="Mean time between metrics outages, hours."),
+]
+QuietOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--quiet-interval",
+        help="Longest gap between reconciles while nothing "
+        "happens, seconds (default: the interval).",
+    ),
+]
+
+
+def _setup(
+    *,
+    trace: Path | None,
+    fmt: str,
+    member: str,
+    cluster_file: Path | None,
+    seed: int,
+    duration_h: float,
+    skip_bad_rows: bool,
+) -> tuple[Workload, ClusterSpec]:
+    cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
+    workload = load_workload(
+        trace=trace,
+        trace_format=fmt,
+        member=member,
+        seed=seed,
+        duration_s=duration_h * 3600,
+        skip_bad_rows=skip_bad_rows,
+        gpus_per_node=cluster.gpus_per_node,
+    )
+    return workload, cluster
+
+
+def _options(
+    *,
+    seed: int,
+    horizon_h: float | None,
+    mtbf_h: float | None,
+    outage_h: float | None,
+    quiet_s: float | None,
+) -> RunOptions:
+    faults = FaultOptions(
+        node_mtbf_s=mtbf_h * 3600 if mtbf_h else None,
+        outage_every_s=outage_h * 3600 if outage_h else None,
+        seed=seed,
+    )
+    base = RunOptions()
+    return RunOptions(
+        horizon_s=horizon_h * 3600 if horizon_h else None,
+        faults=faults,
+        metrics=dataclasses.replace(base.metrics, seed=seed),
+        quiet_interval_s=quiet_s,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``simulate``, ``compare`` and ``tune`` to the ``tide`` app."""
+
+    @app.command()
+    def simulate(
+        trace: TraceOpt = None,
+        fmt: FormatOpt = "auto",
+        member: MemberOpt = "cluster04.csv",
+        cluster_file: ClusterOpt = None,
+        policy_file: Annotated[
+            Path | None,
+            typer.Option(
+                "--policy",
+                help="tide policy file; default: scale every elastic queue, borrowing idle GPUs.",
+            ),
+        ] = None,
+        policies: Annotated[
+            str,
+            typer.Option(
+                "--policies",
+                help=f"Comma-separated: tide and baselines ({','.join(BASELINE_NAMES)}).",
+            ),
+        ] = "tide," + ",".join(BASELINE_NAMES),
+        seed: SeedOpt = 0,
+        duration_h: DurationOpt = 8.0,
+        horizon_h: HorizonOpt = None,
+        skip_bad_rows: SkipOpt = False,
+        node_mtbf_h: MtbfOpt = None,
+        outage_h: OutageOpt = None,
+        quiet_s: QuietOpt = None,
+        out: OutOpt = Path("tide-sim-out"),
+        json_path: JsonOpt = None,
+    ) -> None:
+        """Replay a workload through tide's engine and the baselines; compare them."""
+        try:
+            workload, cluster = _setup(
+                trace=trace,
+                fmt=fmt,
+                member=member,
+                cluster_file=cluster_file,
+                seed=seed,
+                duration_h=duration_h,
+                skip_bad_rows=skip_bad_rows,
+            )
+            policy = load_policy(policy_file) if policy_file else default_policy_for(cluster)
+            runs = []
+            for name in [p.strip() for p in policies.split(",") if p.strip()]:
+                if name != "tide" and name not in BASELINE_NAMES:
+                    raise SimulationError(f"--policies: unknown policy {name!r}")
+                runs.append(PolicyRun(name, name, policy if name == "tide" else None))
+            options = _options(
+                seed=seed,
+                horizon_h=horizon_h,
+                mtbf_h=node_mtbf_h,
+                outage_h=outage_h,
+                quiet_s=quiet_s,
+            )
+            run_comparison(
+                console=console,
+                runs=runs,
+                workload=workload,
+                cluster=cluster,
+                options=options,
+                out_dir=out,
+                json_path=json_path,
+            )
+        except (SimulationError, TideError) as e:
+            console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(1) from e
+
+    @app.command()
+    def compare(
+        policy_files: Annotated[list[Path], typer.Argument(help="tide policy files to compare.")],
+        trace: TraceOpt = None,
+        fmt: FormatOpt = "auto",
+        member: MemberOpt = "cluster04.csv",
+        cluster_file: ClusterOpt = None,
+        seed: SeedOpt = 0,
+        duration_h: DurationOpt = 8.0,
+        horizon_h: HorizonOpt = None,
+        skip_bad_rows: SkipOpt = False,
+        out: OutOpt = Path("tide-compare-out"),
+        json_path: JsonOpt = None,
+    ) -> None:
+        """Run several tide policy files side by side on the same workload."""
+        try:
+            workload, cluster = _setup(
+                trace=trace,
+                fmt=fmt,
+                member=member,
+                cluster_file=cluster_file,
+                seed=seed,
+                duration_h=duration_h,
+                skip_bad_rows=skip_bad_rows,
+            )
+            runs = []
+            for path in policy_files:
+                policy = load_policy(path)
+                runs.append(PolicyRun(f"{path.stem}", "tide", policy))
+            options = _options(
+                seed=seed, horizon_h=horizon_h, mtbf_h=None, outage_h=None, quiet_s=None
+            )
+            run_comparison(
+                console=console,
+                runs=runs,
+                workload=workload,
+                cluster=cluster,
+                options=options,
+                out_dir=out,
+                json_path=json_path,
+            )
+        except (SimulationError, TideError) as e:
+            console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(1) from e
+
+    @app.command(name="tune")
+    def tune_command(
+        space_file: Annotated[Path, typer.Argument(help="Search space (YAML).")],
+        traces: Annotated[
+            list[Path] | None,
+            typer.Option(
+                "--trace", help="Trace file(s); repeat for several; default: the built-in workload."
+            ),
+        ] = None,
+        seeds: Annotated[
+            str, typer.Option("--seeds", help="Built-in workload seeds, e.g. 0,1,2.")
+        ] = "0",
+        fmt: FormatOpt = "auto",
+        member: MemberOpt = "cluster04.csv",
+        cluster_file: ClusterOpt = None,
+        policy_file: Annotated[
+            Path | None, typer.Option("--policy", help="Base policy whose parameters vary.")
+        ] = None,
+        workers: Annotated[int, typer.Option("--workers", help="Worker processes.")] = 2,
+        duration_h: DurationOpt = 8.0,
+        out: OutOpt = Path("tide-tune-out"),
+    ) -> None:
+        """Search policy parameters; write the best policy and a table of trials."""
+        try:
+            space = load_search_space(space_file)
+            cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
+            base = load_policy(policy_file) if policy_file else default_policy_for(cluster)
+            if traces:
+                workloads = [
+                    load_workload(
+                        trace=t,
+                        trace_format=fmt,
+                        member=member,
+                        gpus_per_node=cluster.gpus_per_node,
+                    )
+                    for t in traces
+                ]
+            else:
+                workloads = [
+                    load_workload(seed=int(s), duration_s=duration_h * 3600)
+                    for s in seeds.split(",")
+                ]
+            with Progress(
+                TextColumn("tuning"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+            ) as progress:
+                task = progress.add_task("tune", total=None)
+
+                def on_trial(done: int, total: int) -> None:
+                    progress.update(task, completed=done, total=total)
+
+                best, trials = tune(
+                    space=space,
+                    base_policy=base,
+                    workloads=workloads,
+                    cluster=cluster,
+                    options=RunOptions(),
+                    out_dir=out,
+                    workers=workers,
+                    on_trial=on_trial,
+                )
+        except KeyboardInterrupt:
+            console.print(f"interrupted; finished trials are in {out / 'trials.csv'}")
+            raise typer.Exit(130) from None
+        except (SimulationError, TideError) as e:
+            console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(1) from e
+        best_policy: ElasticPolicy = dataclasses.replace(best, name=f"{base.name}-tuned")
+        (out / "best-policy.yaml").write_text(policy_yaml(best_policy))
+        table = Table(title=f"tide tune: {len(trials)} trials, objective {space.objective}")
+        names = sorted({n for p, _ in trials for n in p})
+        for col in ("rank", *names, space.objective):
+            table.add_column(col, justify="right")
+        for rank, (params, value) in enumerate(sorted(trials, key=lambda t: t[1])[:15], 1):
+            table.add_row(
+                str(rank), *(f"{params.get(n, math.nan):g}" for n in names), format_number(value, 3)
+            )
+        console.print(table)
+        console.print(f"best policy: {out / 'best-policy.yaml'}; trials: {out / 'trials.csv'}")
+        (out / "trials.json").write_text(
+            json.dumps(
+                [{"params": p, "objective": v if math.isfinite(v) else None} for p, v in trials]
+            )
+        )
