@@ -81,19 +81,6 @@ def pending_gpus(observation: Observation) -> dict[QueueName, float]:
     return pending
 
 
-def pending_shortfall_gpus(observation: Observation, pending: Mapping[QueueName, float]) -> float:
-    """GPUs that pending work needs and the cluster's idle GPUs cannot give.
-
-    Args:
-        observation: the cluster now.
-        pending: GPUs each queue's pending work needs (``pending_gpus``).
-
-    Returns:
-        ``max(0, Σ pending GPUs − free GPUs)``.
-    """
-    return max(0.0, sum(pending.values()) - max(0.0, observation.cluster_free_gpus))
-
-
 def growth_pool_gpus(observation: Observation, pending: Mapping[QueueName, float]) -> float:
     """Idle GPUs that elastic growth may take this round, across all queues.
 
@@ -115,9 +102,15 @@ def queue_budgets(
 
     budget = limit − held by non-elastic work − pending work − headroom, capped by
     the queue's ``maxElasticGpus``. The limit is the queue's capability if it may borrow idle
-    GPUs, else the smaller of capability and deserved share. When pending work anywhere cannot
-    fit in the idle GPUs, a borrowing queue's limit drops toward its deserved share by the
-    shortfall, so that borrowed GPUs go back before Volcano's reclaim would kill pods.
+    GPUs, else the smaller of capability and deserved share.
+
+    A borrowing queue's growth yields to other queues' pending work that the idle GPUs cannot
+    start: its limit drops by that shortfall, down to its guarantee or to what its non-elastic
+    work and elastic minimums hold. Volcano's proportion plugin sizes deserved shares by what
+    each queue requests, so elastic growth raises the growing queue's share at the expense of
+    the others'; giving the growth back gracefully is better than the abrupt kill of a reclaim,
+    and better than leaving a whole job queued for one more replica's speedup. (With several
+    borrowing queues each gives up to the whole shortfall: it errs toward the pending work.)
 
     Args:
         observation: the cluster now.
@@ -132,6 +125,7 @@ def queue_budgets(
     elastic_keys = {job.key for job in elastic_jobs}
     held: dict[QueueName, float] = {}
     elastic_used: dict[QueueName, float] = {}
+    elastic_min: dict[QueueName, float] = {}
     for job in observation.jobs:
         if job.phase.finished or (job.current_replicas <= 0 and job.nonelastic_gpus <= 0):
             continue
@@ -140,9 +134,13 @@ def queue_budgets(
             elastic_used[job.queue] = elastic_used.get(job.queue, 0.0) + (
                 job.current_replicas * job.gpus_per_replica
             )
+            elastic_min[job.queue] = elastic_min.get(job.queue, 0.0) + (
+                job.min_replicas * job.gpus_per_replica
+            )
         elif job.phase is not job.phase.PENDING:
             held[job.queue] = held.get(job.queue, 0.0) + job.gpus
-    shortfall = pending_shortfall_gpus(observation, pending)
+    total_pending = sum(pending.values())
+    free = max(0.0, observation.cluster_free_gpus)
     budgets: dict[QueueName, QueueBudget] = {}
     for queue in observation.queues:
         queue_policy = policy.queue(queue.name)
@@ -156,10 +154,12 @@ def queue_budgets(
         if queue_policy.borrow:
             limit = capability
             used = held_q + elastic_used.get(queue.name, 0.0)
-            if shortfall > 0 and used > share:
-                # Give back what was borrowed, up to what other queues' pending work lacks.
-                limit = min(limit, max(share, used - shortfall))
-                claimed += min(shortfall, used - share)
+            floor = max(queue.guarantee_gpus, held_q + elastic_min.get(queue.name, 0.0))
+            others_short = max(0.0, total_pending - pending_q - free)
+            if others_short > 0 and used > floor:
+                give = min(others_short, used - floor)
+                limit = min(limit, used - give)
+                claimed += give
         else:
             limit = min(capability, share)
         # The forecast is the peak the queue's non-elastic work will request in all; what it

@@ -94,15 +94,12 @@ def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> 
     jobs = []
     for job in cluster.list_jobs():
         history = sample.job_throughput.get(job.key, job.throughput_history)
+        remaining = sample.job_remaining_samples.get(job.key, job.remaining_samples)
         if any(not math.isfinite(p.samples_per_s) for p in history):
             fresh = False
-        jobs.append(
-            dataclasses.replace(
-                job,
-                throughput_history=history,
-                remaining_samples=sample.job_remaining_samples.get(job.key, job.remaining_samples),
-            )
-        )
+        if history is not job.throughput_history or remaining != job.remaining_samples:
+            job = dataclasses.replace(job, throughput_history=history, remaining_samples=remaining)
+        jobs.append(job)
     return Observation(
         time_s=now_s,
         queues=tuple(queues),

@@ -162,7 +162,11 @@ class ScalingModel(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # skle
         """
         self._check_hyperparameters()
         X_arr, y_arr = _validate(self, X, y, reset=True)
-        n = _replicas_column(X_arr, "ScalingModel.fit")
+        return self._fit_validated(_replicas_column(X_arr, "ScalingModel.fit"), y_arr)
+
+    def _fit_validated(self, n: FloatArray, y_arr: FloatArray) -> ScalingModel:
+        """``fit`` after scikit-learn's input validation (which costs more than the fit itself;
+        ``from_points`` builds well-formed arrays and skips it)."""
         bad_y = ~np.isfinite(y_arr) | (y_arr <= 0)
         if np.any(bad_y):
             raise ValueError(
@@ -321,7 +325,10 @@ class ScalingModel(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # skle
             return cls.prior_model(**hyper)
         X = np.array([[float(p.replicas)] for p in points], dtype=np.float64)
         y = np.array([p.samples_per_s for p in points], dtype=np.float64)
-        return cls(**hyper).fit(X, y)
+        model = cls(**hyper)
+        model._check_hyperparameters()
+        model.n_features_in_ = 1
+        return model._fit_validated(_replicas_column(X, "ScalingModel.from_points"), y)
 
     @classmethod
     def prior_model(cls, **hyper: float) -> ScalingModel:
