@@ -4,8 +4,10 @@ Pure and vectorised over all jobs at once (numpy), so 10,000 jobs decide in mill
 
 Each job starts at its minimum. A job's k-th replica is an *increment* worth
 ``value = (X(k) / X(k−1) − 1) / gpus_per_replica``, its relative speedup per GPU under the job's
-fitted scaling curve X. Within a job, values are made non-increasing in k (a running minimum), so
-taking increments in order of value never takes a job's (k+1)-th replica before its k-th.
+fitted scaling curve X, divided by the job's expected remaining time under the default
+``completionTime`` objective (shortest remaining time first). Within a job, values are made
+non-increasing in k (a running minimum), so taking increments in order of value never takes a
+job's (k+1)-th replica before its k-th.
 
 Increments a job already runs (k ≤ current) come first: a running replica is only given up when
 its queue's budget cannot hold it, never to make room for another job's growth (that would cost
@@ -28,7 +30,7 @@ import numpy.typing as npt
 from scheduler_policy.budget import QueueBudget
 from scheduler_policy.job_table import JobTable
 from scheduler_policy.model import QueueName, Reason
-from scheduler_policy.policy import Defaults
+from scheduler_policy.policy import Defaults, Objective
 from scheduler_policy.scaling_model import usl_throughput
 
 FloatArray = npt.NDArray[np.float64]
@@ -71,6 +73,7 @@ def allocate(
     budgets: Mapping[QueueName, QueueBudget],
     growth_pool_gpus: float,
     defaults: Defaults,
+    objective: Objective = Objective.COMPLETION_TIME,
 ) -> Allocation:
     """Decide a target for every running elastic job.
 
@@ -80,6 +83,7 @@ def allocate(
         growth_pool_gpus: idle GPUs that growth beyond current replicas may take, all queues
             together.
         defaults: the policy's defaults (assumed remaining time).
+        objective: what increments are ranked by (see ``Objective``).
 
     Returns:
         Targets within [min, max] that fit every budget, with reasons.
@@ -100,10 +104,6 @@ def allocate(
     valid = steps[None, :] <= (hi - lo)[:, None]
     x_prev = _curve(table, k - 1)
     x_new = _curve(table, k)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        gain = np.where(x_prev > 0, x_new / x_prev - 1.0, _FIRST_VALUE)
-        per_gpu = np.where(gpr[:, None] > 0, gain / gpr[:, None], _FIRST_VALUE)
-    value = np.minimum.accumulate(np.where(valid, per_gpu, -np.inf), axis=1)
     existing = k <= cur[:, None]
 
     # Time saved by the k-th replica over the remaining run, against the restart it costs:
@@ -115,7 +115,14 @@ def allocate(
         defaults.assumed_remaining_s,
     )
     with np.errstate(divide="ignore", invalid="ignore"):
+        gain = np.where(x_prev > 0, x_new / x_prev - 1.0, _FIRST_VALUE)
+        per_gpu = np.where(gpr[:, None] > 0, gain / gpr[:, None], _FIRST_VALUE)
         saved_s = (remaining_s * x_cur)[:, None] * (1.0 / x_prev - 1.0 / x_new)
+    if objective is Objective.COMPLETION_TIME:
+        # Shortest remaining time first: the same speedup is worth more to a job that finishes
+        # sooner (a floor of one minute keeps a job about to finish from taking everything).
+        per_gpu = per_gpu / np.maximum(remaining_s, 60.0)[:, None]
+    value = np.minimum.accumulate(np.where(valid, per_gpu, -np.inf), axis=1)
     saved_s = np.where(x_prev > 0, saved_s, np.inf)
     worth = saved_s > table.restart_cost_s[:, None]
     useful = valid & (value > 0)
@@ -134,11 +141,26 @@ def allocate(
     order = np.lexsort((-item_value, item_queue * 2 + growth))
     rows, item_gpus, item_value = rows[order], item_gpus[order], item_value[order]
     growth, item_queue = growth[order], item_queue[order]
-    spent = np.cumsum(item_gpus)
     first = np.searchsorted(item_queue, np.arange(len(table.queue_names)))
-    before = np.concatenate(([0.0], spent))  # GPUs spent before each queue's first increment
-    spent_in_queue = spent - before[first][item_queue]
-    accepted = spent_in_queue <= increment_budget[item_queue] + _GPU_EPSILON
+
+    def spent_in_queue(gpus: FloatArray) -> FloatArray:
+        """Running total of ``gpus`` within each queue, at each item."""
+        spent = np.cumsum(gpus)
+        before = np.concatenate(([0.0], spent))  # spent before each queue's first item
+        return spent - before[first][item_queue]
+
+    # Running replicas first; growth then takes what they leave (not what a running replica
+    # that did not fit would have taken, or the next round would find room this one missed).
+    kept = ~growth & (
+        spent_in_queue(np.where(growth, 0.0, item_gpus))
+        <= increment_budget[item_queue] + _GPU_EPSILON
+    )
+    kept_gpus = np.bincount(item_queue[kept], weights=item_gpus[kept], minlength=len(first))
+    grown = growth & (
+        spent_in_queue(np.where(growth, item_gpus, 0.0))
+        <= (increment_budget - kept_gpus)[item_queue] + _GPU_EPSILON
+    )
+    accepted = kept | grown
 
     # Growth across all queues must fit in the idle GPUs, best value first.
     grow = np.nonzero(accepted & growth)[0]

@@ -140,7 +140,9 @@ def queue_budgets(
         elif job.phase is not job.phase.PENDING:
             held[job.queue] = held.get(job.queue, 0.0) + job.gpus
     total_pending = sum(pending.values())
-    free = max(0.0, observation.cluster_free_gpus)
+    # GPUs of terminating pods are already on their way to the pending work: counting them
+    # keeps one shortfall from shrinking a job each round until the pods are gone.
+    free = max(0.0, observation.cluster_free_gpus) + max(0.0, observation.releasing_gpus)
     budgets: dict[QueueName, QueueBudget] = {}
     for queue in observation.queues:
         queue_policy = policy.queue(queue.name)

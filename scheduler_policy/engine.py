@@ -106,6 +106,7 @@ def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> 
         jobs=tuple(jobs),
         cluster_free_gpus=sample.cluster_free_gpus,
         metrics_fresh=fresh,
+        releasing_gpus=sample.releasing_gpus,
     )
 
 
@@ -187,6 +188,7 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
         budgets=budgets,
         growth_pool_gpus=growth_pool_gpus(observation, pending),
         defaults=policy.defaults,
+        objective=policy.objective,
     )
     decisions, changes = _stabilized_decisions(
         table, allocation, budgets=budgets, policy=policy, now_s=now_s

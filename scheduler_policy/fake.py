@@ -42,6 +42,7 @@ class FakeCluster:
         return MetricsSample(
             fresh=self.fresh,
             cluster_free_gpus=self.free_gpus,
+            releasing_gpus=self.terminating_gpus,
             job_throughput={k: j.throughput_history for k, j in self._jobs.items()},
         )
 

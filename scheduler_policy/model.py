@@ -164,6 +164,8 @@ class Observation:
         jobs: every job, elastic or not, pending or running.
         cluster_free_gpus: allocatable GPUs no pod requests now.
         metrics_fresh: False when the metrics source was stale, unreachable or returned NaN.
+        releasing_gpus: GPUs held by pods that are terminating (a shrink checkpointing): they
+            come free shortly, so pending work needs no further shrink for them.
     """
 
     time_s: float
@@ -171,6 +173,7 @@ class Observation:
     jobs: tuple[JobState, ...]
     cluster_free_gpus: float
     metrics_fresh: bool = True
+    releasing_gpus: float = 0.0
 
 
 class Reason(str, enum.Enum):

@@ -6,9 +6,23 @@ Parsing lives in ``policy_file``; this module only says what a policy is. Durati
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from scheduler_policy.model import QueueName
+
+
+class Objective(str, enum.Enum):
+    """What the allocator's greedy ranks replicas by.
+
+    ``completionTime`` (the default): a replica's relative speedup per GPU divided by the job's
+    expected remaining time, so jobs nearer completion come first — shortest-remaining-time-
+    first, which is what minimises average completion time. ``speedup``: relative speedup per
+    GPU alone, which spreads GPUs in proportion to how well jobs scale, whatever their length.
+    """
+
+    COMPLETION_TIME = "completionTime"
+    SPEEDUP = "speedup"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +93,7 @@ class ElasticPolicy:
         interval_s: seconds between two reconciles.
         model_refit_s: least time between two refits of one job's scaling model when nothing new
             was measured.
+        objective: what the allocator ranks replicas by.
         defaults: settings for every job.
         queues: the queues tide manages; jobs in other queues are left alone.
     """
@@ -86,6 +101,7 @@ class ElasticPolicy:
     name: str = "default"
     interval_s: float = 60.0
     model_refit_s: float = 600.0
+    objective: Objective = Objective.COMPLETION_TIME
     defaults: Defaults = field(default_factory=Defaults)
     queues: tuple[QueuePolicy, ...] = ()
 

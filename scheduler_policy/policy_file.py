@@ -19,14 +19,15 @@ import yaml
 
 from scheduler_policy.errors import PolicyError
 from scheduler_policy.model import QueueName
-from scheduler_policy.policy import Defaults, ElasticPolicy, Headroom, QueuePolicy
+from scheduler_policy.policy import Defaults, ElasticPolicy, Headroom, Objective, QueuePolicy
 
 API_VERSION = "tide.io/v1alpha1"
 KIND = "ElasticPolicy"
 
 _TOP_KEYS = ("apiVersion", "kind", "metadata", "spec")
 _METADATA_KEYS = ("name", "labels", "annotations")
-_SPEC_KEYS = ("interval", "modelRefitInterval", "defaults", "queues")
+_SPEC_KEYS = ("interval", "modelRefitInterval", "objective", "defaults", "queues")
+_OBJECTIVES = {o.value: o for o in Objective}
 _DEFAULTS_KEYS = ("tolerance", "restartCost", "cooldown", "maxStepUp", "maxStepDown")
 _DEFAULTS_KEYS_MORE = ("stabilizationWindow", "assumedRemaining")
 _WINDOW_KEYS = ("up", "down")
@@ -220,6 +221,13 @@ def _name(value: object, path: str) -> str:
     return value
 
 
+def _objective(value: object, path: str) -> Objective:
+    if not isinstance(value, str) or value not in _OBJECTIVES:
+        expected = " or ".join(repr(o) for o in _OBJECTIVES)
+        raise ValueError(f"{path}: must be {expected}, got {show(value)}")
+    return _OBJECTIVES[value]
+
+
 def _constant(top: _Section, key: str, expected: str) -> None:
     if key not in top.mapping:
         top.problems.append(f"{key}: is required; expected {expected!r}")
@@ -339,6 +347,7 @@ def parse_policy(data: object, *, source: str) -> ElasticPolicy:
             name=name,
             interval_s=spec.get("interval", base.interval_s, _positive_duration),
             model_refit_s=spec.get("modelRefitInterval", base.model_refit_s, _duration),
+            objective=spec.get("objective", base.objective, _objective),
             defaults=_parse_defaults(spec),
             queues=_parse_queues(spec),
         )

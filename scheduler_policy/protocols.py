@@ -33,6 +33,7 @@ class MetricsSample:
         job_remaining_samples: samples left to train, for the jobs that report it.
         queue_allocated_gpus: GPUs each queue's pods hold (overrides the cluster's figure).
         queue_demand_history: past GPU demand of each queue's non-elastic work, oldest first.
+        releasing_gpus: GPUs held by terminating pods, which come free shortly.
     """
 
     fresh: bool
@@ -41,6 +42,7 @@ class MetricsSample:
     job_remaining_samples: Mapping[JobKey, float] = field(default_factory=dict)
     queue_allocated_gpus: Mapping[QueueName, float] = field(default_factory=dict)
     queue_demand_history: Mapping[QueueName, tuple[DemandPoint, ...]] = field(default_factory=dict)
+    releasing_gpus: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ import pytest
 from scheduler_policy.engine import decide
 from scheduler_policy.model import DemandPoint, JobKey, JobPhase, QueueName, Reason
 from scheduler_policy.models_cache import ModelCache
-from scheduler_policy.policy import Headroom, QueuePolicy
+from scheduler_policy.policy import Headroom, Objective, QueuePolicy
 from tests.scheduler_policy.builders import (
     NOW_S,
     make_job,
@@ -211,6 +211,28 @@ SCENARIOS = {
 @pytest.mark.parametrize(("observation", "policy", "expected"), SCENARIOS.values(),
                          ids=SCENARIOS.keys())  # fmt: skip
 def test_scenario(observation, policy, expected):
+    assert targets(observation, policy) == expected
+
+
+@pytest.mark.parametrize(
+    ("objective", "expected"),
+    [
+        (Objective.COMPLETION_TIME, {"long": (1, Reason.AT_TARGET),
+                                     "short": (2, Reason.SCALE_UP_FOR_IDLE_GPUS)}),
+        (Objective.SPEEDUP, {"long": (2, Reason.SCALE_UP_FOR_IDLE_GPUS),
+                             "short": (1, Reason.AT_TARGET)}),
+    ],
+    ids=["completion-time-favours-the-job-nearer-completion", "speedup-ignores-remaining-time"],
+)  # fmt: skip
+def test_objective_decides_who_gets_the_last_gpu(objective, expected):
+    # Same scaling, one idle GPU; the job that finishes sooner gains more under completionTime.
+    # Under speedup the tie goes to the job whose key sorts first ("long").
+    observation = make_observation(
+        make_job("long", current=1, remaining_samples=1e9),
+        make_job("short", current=1, remaining_samples=1e7),
+        free=1,
+    )
+    policy = dataclasses.replace(make_policy(), objective=objective)
     assert targets(observation, policy) == expected
 
 

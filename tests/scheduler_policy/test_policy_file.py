@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from scheduler_policy.errors import PolicyError
 from scheduler_policy.model import QueueName
-from scheduler_policy.policy import Defaults, ElasticPolicy, Headroom, QueuePolicy
+from scheduler_policy.policy import Defaults, ElasticPolicy, Headroom, Objective, QueuePolicy
 from scheduler_policy.policy_file import load_policy, parse_duration, parse_policy
 
 POLICIES_DIR = Path(__file__).resolve().parents[2] / "manifests" / "policies"
@@ -156,6 +156,15 @@ def test_full_document_sets_every_field() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("completionTime", Objective.COMPLETION_TIME), ("speedup", Objective.SPEEDUP)],
+    ids=["completion-time", "speedup"],
+)
+def test_objective(value: str, expected: Objective) -> None:
+    assert parse_policy(make_doc({"objective": value}), source="p.yaml").objective is expected
+
+
 def test_explicit_nulls_mean_unset_for_optional_fields() -> None:
     doc = make_doc(
         queues({"name": "q", "maxElasticGpus": None, "headroom": {"forecastQuantile": None}})
@@ -179,9 +188,13 @@ ERROR_CASES = [
     (make_doc(metadata={"nam": "x"}), "metadata.nam: unknown key; did you mean 'name'?"),
     (make_doc(spec=["x"]), "spec: must be a mapping, got ['x']"),
     (make_doc({"zzz": 1}), "spec.zzz: unknown key; expected one of 'interval', "
-                           "'modelRefitInterval', 'defaults', 'queues'"),
+                           "'modelRefitInterval', 'objective', 'defaults', 'queues'"),
     (make_doc({"interval": 60}), "spec.interval: must be a duration string such as '60s', got 60"),
     (make_doc({"interval": "0s"}), "spec.interval: must be longer than 0s, got '0s'"),
+    (
+        make_doc({"objective": "fastest"}),
+        "spec.objective: must be 'completionTime' or 'speedup', got 'fastest'",
+    ),
     (make_doc({"modelRefitInterval": "-1m"}), "spec.modelRefitInterval: must not be negative, "
                                               "got '-1m'"),
     (make_doc({"defaults": 5}), "spec.defaults: must be a mapping, got 5"),
@@ -251,6 +264,7 @@ ERROR_IDS = [
     "not-a-mapping", "apiversion-missing", "apiversion-wrong", "kind-missing", "kind-wrong",
     "unknown-top-key", "metadata-not-mapping", "metadata-name-empty", "metadata-unknown-key",
     "spec-not-mapping", "spec-unknown-key-no-suggestion", "interval-bare-number", "interval-zero",
+    "objective-unknown",
     "refit-negative", "defaults-not-mapping", "defaults-typo", "tolerance-one",
     "tolerance-negative", "tolerance-bool", "tolerance-string", "tolerance-nan",
     "restart-cost-bare-number", "cooldown-spelled-out", "step-up-word", "step-up-zero",
