@@ -37,7 +37,10 @@ def summary_table(summaries: Sequence[Summary], *, title: str) -> Table:
         "lost GPU-h",
         "guar. wait min",
     ):
-        table.add_column(col, justify="right" if col != "policy" else "left")
+        if col == "policy":
+            table.add_column(col, justify="left", no_wrap=True)
+        else:
+            table.add_column(col, justify="right")
     for s in summaries:
         table.add_row(
             s.policy,

@@ -216,6 +216,7 @@ def policy_yaml(policy: ElasticPolicy) -> str:
     spec: dict[str, Any] = {
         "interval": f"{policy.interval_s:g}s",
         "modelRefitInterval": f"{policy.model_refit_s:g}s",
+        "objective": policy.objective.value,
         "defaults": {
             "tolerance": d.tolerance,
             "restartCost": f"{d.restart_cost_s:g}s",
