@@ -1,5 +1,5 @@
-# tide's two entry points. `make demo` installs tide and runs its main job on the built-in
-# default; `make test` installs what the tests need and runs the whole suite (CI runs it).
+# tide's two entry points. `make demo` installs tide and runs its main job, `tide simulate`,
+# on the built-in default; `make test` installs what the tests need and runs the whole suite (CI runs it).
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 # torch is pinned exactly: a CPU build of this release is what these machines carry, and a
@@ -16,7 +16,7 @@ install-dev:
 	$(PIP) install -q -e ".[dev,worker]"
 
 demo: install
-	tide plan
+	tide simulate
 
 # Prometheus and the pushgateway come from Debian's packages; the tests start them on loopback.
 prometheus:
@@ -40,3 +40,6 @@ test: install-dev prometheus lint typecheck contracts pytest
 
 bench:
 	$(PYTHON) benchmarks/engine_latency.py --json benchmarks/out/engine_latency.json
+	$(PYTHON) benchmarks/simulate_speed.py --json benchmarks/out/simulate_speed.json
+	$(PYTHON) benchmarks/policy_quality.py --json benchmarks/out/policy_quality.json
+	$(PYTHON) benchmarks/checkpoint.py --json benchmarks/out/checkpoint.json
