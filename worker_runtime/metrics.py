@@ -9,6 +9,8 @@ describe the job as this pod saw it (take ``max`` over pods).
 from __future__ import annotations
 
 import logging
+import threading
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -33,6 +35,8 @@ class WorkerMetrics:
         self, *, registry: CollectorRegistry | None = None, job_name: str = "", namespace: str = ""
     ) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
         labels = {"volcano_job": job_name, "namespace": namespace}
         reg = self.registry
         self.samples = Counter(
@@ -86,6 +90,13 @@ class WorkerMetrics:
             LABELS,
             registry=reg,
         ).labels(**labels)
+        self.checkpoint_write_overlap_steps = Gauge(
+            "tide_worker_checkpoint_write_overlap_steps",
+            "Steps completed while the newest checkpoint write was in flight (the W of the "
+            "kill -9 loss bound N + W).",
+            LABELS,
+            registry=reg,
+        ).labels(**labels)
         self.samples_lost = Counter(
             "tide_worker_samples_lost",
             "Samples trained on after the checkpoint a restart resumed from (redone work).",
@@ -94,11 +105,22 @@ class WorkerMetrics:
         ).labels(**labels)
 
     def serve(self, port: int, *, addr: str = "0.0.0.0") -> None:
-        """Serve the registry over HTTP in a daemon thread.
+        """Serve the registry over HTTP in a daemon thread until :meth:`close`.
 
         Args:
             port: TCP port.
             addr: Address to bind.
         """
-        start_http_server(port, addr=addr, registry=self.registry)
+        self.close()
+        self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)
         logger.info("serving worker metrics on %s:%s", addr, port)
+
+    def close(self) -> None:
+        """Stop the HTTP server, if one runs, and free its port."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)

@@ -24,6 +24,7 @@ from worker_runtime.metrics import WorkerMetrics
 from worker_runtime.resume import Position, ResumeInfo, write_progress
 from worker_runtime.sampler import ElasticSampler
 from worker_runtime.signals import StopRequest
+from worker_runtime.snapshot import capture_rng_state
 from worker_runtime.state import TrainingState
 from worker_runtime.storage import CheckpointManifest, CheckpointStore
 
@@ -39,8 +40,15 @@ class ElasticRun:
     """Wraps a training loop so that restarts lose nothing.
 
     Use as a context manager: entering joins the process group (if the script has not), installs
-    the SIGTERM handler, starts the metrics server and loads the latest valid checkpoint; the
-    :meth:`epochs` and :meth:`steps` iterators do the bookkeeping at every step boundary.
+    the SIGTERM handler, starts the metrics server, loads the latest valid checkpoint and starts
+    allocating the host buffers of the first save in the background; the :meth:`epochs` and
+    :meth:`steps` iterators do the bookkeeping at every step boundary.
+
+    What a restart loses: a SIGTERM (every torchrun membership change) loses no step when the
+    blocking save fits the grace period. A SIGKILL or crash loses at most N + W steps, N the
+    checkpoint interval and W the steps run while the newest write was in flight; W <= N since a
+    save that comes due while the previous write runs waits for it (see
+    :mod:`worker_runtime.checkpoint`).
 
     Args:
         checkpoint_dir: Checkpoint directory on a filesystem every worker sees (a PVC).
@@ -60,6 +68,7 @@ class ElasticRun:
         seed: Seed of the data order and of the generators of ranks a checkpoint lacks.
         registry: Prometheus registry (a fresh one when ``None``).
         environ: Environment to read (``os.environ`` when ``None``).
+        metrics_addr: Address the metrics server binds (when ``TIDE_METRICS_PORT`` is set).
         backend: Process-group backend used when the script has not initialized one.
 
     Raises:
@@ -86,6 +95,7 @@ class ElasticRun:
         seed: int = 0,
         registry: CollectorRegistry | None = None,
         environ: Mapping[str, str] | None = None,
+        metrics_addr: str = "0.0.0.0",
         backend: str = "gloo",
     ) -> None:
         if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
@@ -112,8 +122,11 @@ class ElasticRun:
             registry=registry, job_name=self.env.job_name, namespace=self.env.namespace
         )
         self.store = CheckpointStore(self.directory, keep=keep_checkpoints)
-        self._checkpointer = AsyncCheckpointer(self.store, on_commit=self._on_commit)
+        self.checkpointer = AsyncCheckpointer(self.store, on_commit=self._on_commit)
         self._backend = backend
+        self._metrics_addr = metrics_addr
+        self._start_step = 0
+        self._write_overlap_steps = 0
         self._stop = StopRequest()
         self._owns_group = False
         self._sampler: ElasticSampler | None = None
@@ -129,11 +142,15 @@ class ElasticRun:
             dist.init_process_group(backend=self._backend)
             self._owns_group = True
         self._stop.install()
+        if self.env.rank == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)  # for the progress marker
         if self.env.local_rank == 0 and self.env.metrics_port is not None:
-            self.metrics.serve(self.env.metrics_port)
+            self.metrics.serve(self.env.metrics_port, addr=self._metrics_addr)
         self.position, self.resume_info = self.state.load(
             self.store, rank=self.env.rank, world_size=self.env.world_size, plan=self.plan
         )
+        self._start_step = self.position.step
+        self._prepare_snapshot()
         self.metrics.world_size.set(self.env.world_size)
         self.metrics.steps.inc(self.position.step)
         self.metrics.checkpoint_load_seconds.set(self.resume_info.load_s)
@@ -151,12 +168,13 @@ class ElasticRun:
     ) -> None:
         try:
             if exc_type is None:
-                self._checkpointer.wait()
+                self.checkpointer.wait()
             else:
                 with contextlib.suppress(Exception):
-                    self._checkpointer.wait()
+                    self.checkpointer.wait()
         finally:
             self._stop.uninstall()
+            self.metrics.close()
             if self._owns_group and dist.is_initialized():
                 dist.destroy_process_group()
 
@@ -186,6 +204,11 @@ class ElasticRun:
     def accumulation_steps(self) -> int:
         """Micro batches per worker per optimizer step at the current world size."""
         return self.plan.accumulation_steps
+
+    @property
+    def checkpoint_write_in_flight(self) -> bool:
+        """Whether a background checkpoint write is running (always ``False`` off rank 0)."""
+        return self.checkpointer.writing_step is not None
 
     @property
     def stop_requested(self) -> bool:
@@ -300,7 +323,7 @@ class ElasticRun:
                 plan=self.plan,
                 rng_states=rng_states,
             )
-            result = self._checkpointer.save(
+            result = self.checkpointer.save(
                 tree,
                 step=self.position.step,
                 epoch=self.position.epoch,
@@ -309,6 +332,7 @@ class ElasticRun:
             )
             self.metrics.checkpoint_blocked_seconds.observe(result.blocked_s)
             self.last_save = result
+            self._write_overlap_steps = 0
         if blocking:
             collectives.barrier()
         self._last_save_s = time.monotonic()
@@ -322,6 +346,20 @@ class ElasticRun:
             epoch=self.position.epoch, consumed_samples=self.position.consumed_samples
         )
         return self._sampler.remaining_samples() // self.plan.global_batch_size
+
+    def _prepare_snapshot(self) -> None:
+        # Rank 0 alone snapshots. Called once after loading and once after the first step, when
+        # optimizers such as Adam have created their state; only new buffers are allocated.
+        if self.env.rank != 0:
+            return
+        tree = self.state.to_tree(
+            position=self.position,
+            world_size=self.env.world_size,
+            plan=self.plan,
+            rng_states=[capture_rng_state()],
+        )
+        queued_bytes = self.checkpointer.prepare(tree)
+        logger.debug("queued %s bytes of checkpoint buffers at step %s", queued_bytes, self.step)
 
     def _end_step(self, started_s: float) -> None:
         g = self.plan.global_batch_size
@@ -337,6 +375,9 @@ class ElasticRun:
         self.metrics.step_seconds.observe(time.perf_counter() - started_s)
         if self.env.rank == 0:
             write_progress(self.directory, self.position)
+            if self.checkpointer.writing_step is not None:
+                self._write_overlap_steps += 1
+                self.metrics.checkpoint_write_overlap_steps.set(self._write_overlap_steps)
         local = _NOTHING
         if self._stop.requested:
             local = _SAVE_AND_EXIT
@@ -358,6 +399,8 @@ class ElasticRun:
         every = self.checkpoint_every_steps
         if agreed == _SAVE or (every is not None and self.position.step % every == 0):
             self.save(blocking=False)
+        if self.position.step == self._start_step + 1:
+            self._prepare_snapshot()
 
     def _on_commit(self, manifest: CheckpointManifest, write_s: float) -> None:
         del manifest

@@ -1,8 +1,10 @@
 """An elastic training script for torchrun: a small model on synthetic data, CPU and gloo.
 
-Run locally with ``torchrun --nnodes=1:3 --nproc-per-node=1 --rdzv-backend=c10d
---rdzv-endpoint=127.0.0.1:29400 manifests/examples/train_elastic.py --ckpt-dir /tmp/ckpt``;
-start and stop further agents with the same arguments to rescale it. The lines marked ``# tide``
+Run locally with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=1:3
+--nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29400
+manifests/examples/train_elastic.py --ckpt-dir /tmp/ckpt``; start and stop further agents with
+the same arguments to rescale it (the variable is why a rescale works: see the comment on it in
+``elastic-pytorch-job.yaml``). The lines marked ``# tide``
 are all it takes on top of a plain DDP script.
 """
 

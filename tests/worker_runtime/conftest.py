@@ -94,8 +94,10 @@ class Cluster:
             str(self.log_dir),
             *script_args,
         ]
-        # torch 2.13: with the agent's rendezvous store shared with the workers, a restarted
-        # worker can read a peer's gloo address from the previous round and fail to connect.
+        # torch 2.13: with the agent's rendezvous store shared with the workers (the default),
+        # the store outlives a round and the process group's keys carry no round prefix, so a
+        # restarted worker can read a peer's gloo address from the previous round and fail to
+        # connect. See the comment in manifests/examples/elastic-pytorch-job.yaml.
         env = dict(os.environ, PYTHONPATH=str(REPO), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
         env.pop("TIDE_METRICS_PORT", None)
         out = open(self.tmp / f"agent-{len(self.agents)}.log", "wb")  # noqa: SIM115

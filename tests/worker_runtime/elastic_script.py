@@ -2,7 +2,8 @@
 
 Every worker appends JSON lines to ``<log-dir>/events-<pid>.jsonl``: a ``start`` event, one
 ``step`` event per optimizer step (the sample indices it trained on; rank 0 adds the global mean
-loss and a digest of the parameters after the update) and an ``exit`` event on SIGTERM.
+loss, a digest of the parameters after the update and whether a checkpoint write was in flight
+when the step ended) and an ``exit`` event on SIGTERM. Every event carries ``time_s`` (Unix).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def main() -> None:
 
     def emit(event: dict[str, Any]) -> None:
         with open(log, "a") as f:
-            f.write(json.dumps(event) + "\n")
+            f.write(json.dumps(event | {"time_s": time.time()}) + "\n")
 
     run = ElasticRun(
         checkpoint_dir=args.ckpt_dir,
@@ -140,7 +141,11 @@ def main() -> None:
                         "pid": os.getpid(),
                     }
                     if run.rank == 0:
-                        event |= {"loss": total.item(), "digest": param_digest(model)}
+                        event |= {
+                            "loss": total.item(),
+                            "digest": param_digest(model),
+                            "writing": run.checkpoint_write_in_flight,
+                        }
                     emit(event)
                     time.sleep(args.step_sleep_s)
     except SystemExit as e:

@@ -45,3 +45,10 @@ def test_job_follows_the_elastic_pattern() -> None:
     assert "--rdzv-backend=c10d" in args
     env = {e["name"] for e in worker["template"]["spec"]["containers"][0]["env"]}
     assert {"TIDE_METRICS_PORT", "VOLCANO_JOB_NAME", "POD_NAMESPACE"} <= env
+
+
+def test_every_pod_runs_torchrun_with_a_fresh_store_per_round() -> None:
+    # Without it a rescale can hang: see the comment on the variable in the manifest.
+    for task in load_job()["spec"]["tasks"]:
+        env = {e["name"]: e.get("value") for e in task["template"]["spec"]["containers"][0]["env"]}
+        assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1", task["name"]
