@@ -6,6 +6,7 @@ Pure functions of the observation and the policy (DESIGN.md, "Allocation, in one
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from scheduler_policy.model import JobPhase, JobState, Observation, QueueName, Q
 from scheduler_policy.policy import ElasticPolicy
 
 INFINITE_GPUS = math.inf
+_GONE = frozenset(phase for phase in JobPhase if phase.finished)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,22 +125,20 @@ def queue_budgets(
         One budget per managed queue present in the observation.
     """
     elastic_keys = {job.key for job in elastic_jobs}
-    held: dict[QueueName, float] = {}
-    elastic_used: dict[QueueName, float] = {}
-    elastic_min: dict[QueueName, float] = {}
+    held: dict[QueueName, float] = defaultdict(float)
+    elastic_used: dict[QueueName, float] = defaultdict(float)
+    elastic_min: dict[QueueName, float] = defaultdict(float)
     for job in observation.jobs:
-        if job.phase.finished or (job.current_replicas <= 0 and job.nonelastic_gpus <= 0):
+        phase = job.phase
+        if phase in _GONE or (job.current_replicas <= 0 and job.nonelastic_gpus <= 0):
             continue
+        name, gpr = job.queue, job.gpus_per_replica
         if job.key in elastic_keys:
-            held[job.queue] = held.get(job.queue, 0.0) + job.nonelastic_gpus
-            elastic_used[job.queue] = elastic_used.get(job.queue, 0.0) + (
-                job.current_replicas * job.gpus_per_replica
-            )
-            elastic_min[job.queue] = elastic_min.get(job.queue, 0.0) + (
-                job.min_replicas * job.gpus_per_replica
-            )
-        elif job.phase is not job.phase.PENDING:
-            held[job.queue] = held.get(job.queue, 0.0) + job.gpus
+            held[name] += job.nonelastic_gpus
+            elastic_used[name] += job.current_replicas * gpr
+            elastic_min[name] += job.min_replicas * gpr
+        elif phase is not JobPhase.PENDING:
+            held[name] += job.current_replicas * gpr + job.nonelastic_gpus
     total_pending = sum(pending.values())
     # GPUs of terminating pods are already on their way to the pending work: counting them
     # keeps one shortfall from shrinking a job each round until the pods are gone.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -15,9 +15,11 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-_SIZES = attrgetter("min_replicas", "max_replicas", "current_replicas", "gpus_per_replica")
-_OPTIONAL = attrgetter("restart_cost_s", "remaining_samples", "last_rescale_s")
-_CURVE = attrgetter("lambda_samples_per_s", "sigma", "kappa", "measured")
+_QUEUE = attrgetter("queue")
+_RESTART = attrgetter("restart_cost_s")
+_REMAINING = attrgetter("remaining_samples")
+_LAST_RESCALE = attrgetter("last_rescale_s")
+_MEASURED = attrgetter("measured")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,28 +91,36 @@ class JobTable:
             default_restart_cost_s: the restart cost of jobs that set none.
         """
         count = len(jobs)
-        sizes = np.asarray(list(map(_SIZES, jobs)), dtype=np.float64).reshape(count, 4)
-        # None becomes NaN in a float array.
-        optional = np.asarray(list(map(_OPTIONAL, jobs)), dtype=np.float64).reshape(count, 3)
-        curve = np.asarray(list(map(_CURVE, curves)), dtype=np.float64).reshape(count, 4)
+
+        def column(values: Iterable[float | None]) -> FloatArray:
+            # np.fromiter skips building a tuple per job; None becomes NaN in a float array.
+            return np.fromiter(
+                (np.nan if v is None else v for v in values), dtype=np.float64, count=count
+            )
+
+        def field(name: str, items: Sequence[object] = jobs) -> FloatArray:
+            return np.fromiter(map(attrgetter(name), items), dtype=np.float64, count=count)
+
         names = tuple(sorted(queue_names))
         index = {name: i for i, name in enumerate(names)}
-        lo = np.maximum(sizes[:, 0], 0).astype(np.int64)
-        measured = curve[:, 3] > 0
-        restart = optional[:, 0]
+        lo = np.maximum(field("min_replicas"), 0).astype(np.int64)
+        measured = np.fromiter(map(_MEASURED, curves), dtype=bool, count=count)
+        restart = column(map(_RESTART, jobs))
         return cls(
             jobs=tuple(jobs),
             queue_names=names,
-            queue_index=np.asarray([index[j.queue] for j in jobs], dtype=np.int64),
+            queue_index=np.fromiter(
+                (index[q] for q in map(_QUEUE, jobs)), dtype=np.int64, count=count
+            ),
             min_replicas=lo,
-            max_replicas=np.maximum(sizes[:, 1].astype(np.int64), lo),
-            current=sizes[:, 2].astype(np.int64),
-            gpus_per_replica=sizes[:, 3],
+            max_replicas=np.maximum(field("max_replicas").astype(np.int64), lo),
+            current=field("current_replicas").astype(np.int64),
+            gpus_per_replica=field("gpus_per_replica"),
             restart_cost_s=np.where(np.isnan(restart), default_restart_cost_s, restart),
-            remaining_samples=np.where(measured, optional[:, 1], np.nan),
-            last_rescale_s=optional[:, 2],
-            lam=curve[:, 0],
-            sigma=curve[:, 1],
-            kappa=curve[:, 2],
+            remaining_samples=np.where(measured, column(map(_REMAINING, jobs)), np.nan),
+            last_rescale_s=column(map(_LAST_RESCALE, jobs)),
+            lam=field("lambda_samples_per_s", curves),
+            sigma=field("sigma", curves),
+            kappa=field("kappa", curves),
             measured=measured,
         )

@@ -139,10 +139,22 @@ def window_extremes(
     up_min = recommended.copy()
     down_max = recommended.copy()
     up_from, down_from = now_s - window_up_s, now_s - window_down_s
-    for i, recs in enumerate(recommendations):
-        for k, (_, replicas) in enumerate(recs):
-            # In force until the next change (or now): inside a window that opened before then.
-            until = recs[k + 1][0] if k + 1 < len(recs) else now_s
+    # The last change is in force until now: inside any window longer than zero. Most jobs hold
+    # one change only, so that one is taken for all jobs at once, the rest one by one.
+    count = len(recommendations)
+    lengths = np.fromiter(map(len, recommendations), dtype=np.int64, count=count)
+    last = np.fromiter(
+        (recs[-1][1] if recs else 0 for recs in recommendations), dtype=np.int64, count=count
+    )
+    if window_up_s > 0:
+        up_min = np.where(lengths > 0, np.minimum(up_min, last), up_min)
+    if window_down_s > 0:
+        down_max = np.where(lengths > 0, np.maximum(down_max, last), down_max)
+    for i in np.flatnonzero(lengths > 1).tolist():
+        recs = recommendations[i]
+        for k, (_, replicas) in enumerate(recs[:-1]):
+            # In force until the next change: inside a window that opened before then.
+            until = recs[k + 1][0]
             if until > up_from and replicas < up_min[i]:
                 up_min[i] = replicas
             if until > down_from and replicas > down_max[i]:
@@ -295,13 +307,17 @@ def remember(
     Returns:
         The new recommendation changes, and where they differ from the old.
     """
-    out: list[tuple[Recommendation, ...]] = []
+    out = list(recommendations)
     changed = np.zeros(len(recommendations), dtype=bool)
     oldest = now_s - keep_s
-    for i, (recs, replicas) in enumerate(zip(recommendations, recommended.tolist(), strict=True)):
+    wanted = recommended.tolist()
+    for i, recs in enumerate(recommendations):
+        replicas = wanted[i]
         if keep_s <= 0:
             kept: tuple[Recommendation, ...] = ()
         elif recs and recs[-1][1] == replicas and recs[-1][0] <= now_s:
+            if len(recs) == 1:
+                continue  # the steady state: one change, still in force
             kept = recs
         else:
             kept = (*(r for r in recs if r[0] < now_s), Recommendation(now_s, replicas))
@@ -311,7 +327,7 @@ def remember(
             start += 1
         if start:
             kept = kept[start:]
-        if kept is not recs and kept != recs:
+        if kept != recs:
             changed[i] = True
-        out.append(kept)
+            out[i] = kept
     return tuple(out), changed
