@@ -20,7 +20,7 @@ from scheduler_policy.allocate import Allocation, allocate
 from scheduler_policy.budget import QueueBudget, growth_pool_gpus, pending_gpus, queue_budgets
 from scheduler_policy.errors import ConflictError, PermanentError, TemporaryError
 from scheduler_policy.job_table import JobTable
-from scheduler_policy.messages import DecisionContext
+from scheduler_policy.messages import DecisionBatch, DecisionContext
 from scheduler_policy.model import (
     JobPhase,
     JobState,
@@ -225,20 +225,18 @@ def _stabilized_decisions(
     targets = result.targets.tolist()
     reasons = [held or own for held, own in zip(result.held_by, allocation.reasons, strict=True)]
     queue_budget = [budgets[q] for q in table.queue_names]
-    whys = list(
-        map(
-            DecisionContext,
-            reasons,
-            jobs,
-            targets,
-            allocation.targets.tolist(),
-            allocation.gains.tolist(),
-            allocation.next_gains.tolist(),
-            [queue_budget[q] for q in table.queue_index.tolist()],
-            repeat(policy.defaults),
-            table.measured.tolist(),
-        )
+    batch = DecisionBatch(
+        reasons=reasons,
+        jobs=jobs,
+        targets=targets,
+        recommended=allocation.targets.tolist(),
+        gains=allocation.gains.tolist(),
+        next_gains=allocation.next_gains.tolist(),
+        budgets=[queue_budget[q] for q in table.queue_index.tolist()],
+        measured=table.measured.tolist(),
+        defaults=policy.defaults,
     )
+    whys = list(map(DecisionContext, repeat(batch), range(len(jobs))))
     decisions = list(
         map(ScalingDecision, [j.key for j in jobs], table.current.tolist(), targets, reasons, whys)
     )
