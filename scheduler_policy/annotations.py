@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scheduler_policy.errors import PolicyError
-from scheduler_policy.policy_file import parse_duration, show
+from scheduler_policy.fields import parse_duration, show
 
 PREFIX = "tide.io/"
 ELASTIC = "tide.io/elastic"

@@ -30,6 +30,18 @@ from pathlib import Path
 
 from scheduler_policy.annotations import job_overrides
 from scheduler_policy.errors import ObservationError, PolicyError
+from scheduler_policy.fields import (
+    Section,
+    boolean,
+    duration,
+    finite_number,
+    non_negative,
+    nonempty_string,
+    optional_non_negative,
+    read_yaml_documents,
+    section,
+    show,
+)
 from scheduler_policy.model import (
     JobKey,
     JobPhase,
@@ -38,18 +50,6 @@ from scheduler_policy.model import (
     QueueName,
     QueueState,
     ThroughputPoint,
-)
-from scheduler_policy.policy_file import (
-    _boolean,
-    _duration,
-    _name,
-    _non_negative,
-    _number,
-    _optional_non_negative,
-    _Section,
-    _section,
-    read_yaml_documents,
-    show,
 )
 
 _TOP = ("time", "clusterFreeGpus", "metricsFresh", "queues", "jobs")
@@ -78,7 +78,7 @@ def _phase(value: object, path: str) -> JobPhase:
     return _PHASES[value]
 
 
-def _items(section: _Section, key: str) -> list[tuple[str, object]]:
+def _items(section: Section, key: str) -> list[tuple[str, object]]:
     value = section.mapping.get(key, [])
     path = f"{section.path}.{key}" if section.path else key
     if not isinstance(value, list):
@@ -88,34 +88,34 @@ def _items(section: _Section, key: str) -> list[tuple[str, object]]:
 
 
 def _queue(value: object, path: str, problems: list[str]) -> QueueState | None:
-    q = _section(value, path=path, allowed=_QUEUE, problems=problems)
+    q = section(value, path=path, allowed=_QUEUE, problems=problems)
     if q is None:
         return None
     if "name" not in q.mapping:
         problems.append(f"{path}.name: is required")
     return QueueState(
-        name=QueueName(q.get("name", "", _name)),
-        capability_gpus=q.get("capabilityGpus", None, _optional_non_negative),
-        deserved_gpus=q.get("deservedGpus", None, _optional_non_negative),
-        guarantee_gpus=q.get("guaranteeGpus", 0.0, _non_negative),
-        allocated_gpus=q.get("allocatedGpus", 0.0, _non_negative),
-        pending_nonelastic_gpus=q.get("pendingNonelasticGpus", 0.0, _non_negative),
+        name=QueueName(q.get("name", "", nonempty_string)),
+        capability_gpus=q.get("capabilityGpus", None, optional_non_negative),
+        deserved_gpus=q.get("deservedGpus", None, optional_non_negative),
+        guarantee_gpus=q.get("guaranteeGpus", 0.0, non_negative),
+        allocated_gpus=q.get("allocatedGpus", 0.0, non_negative),
+        pending_nonelastic_gpus=q.get("pendingNonelasticGpus", 0.0, non_negative),
     )
 
 
 def _point(value: object, path: str, problems: list[str]) -> ThroughputPoint | None:
-    p = _section(value, path=path, allowed=_POINT, problems=problems)
+    p = section(value, path=path, allowed=_POINT, problems=problems)
     if p is None:
         return None
     return ThroughputPoint(
-        time_s=p.get("time", 0.0, _non_negative),
+        time_s=p.get("time", 0.0, non_negative),
         replicas=p.get("replicas", 1, _count),
-        samples_per_s=p.get("samplesPerS", 0.0, _non_negative),
+        samples_per_s=p.get("samplesPerS", 0.0, non_negative),
     )
 
 
 def _job(value: object, path: str, problems: list[str]) -> JobState | None:
-    j = _section(value, path=path, allowed=_JOB, problems=problems)
+    j = section(value, path=path, allowed=_JOB, problems=problems)
     if j is None:
         return None
     for required in ("key", "queue"):
@@ -123,20 +123,20 @@ def _job(value: object, path: str, problems: list[str]) -> JobState | None:
             problems.append(f"{path}.{required}: is required")
     points = [_point(v, p, problems) for p, v in _items(j, "throughput")]
     job = JobState(
-        key=JobKey(j.get("key", "", _name)),
-        queue=QueueName(j.get("queue", "", _name)),
-        gpus_per_replica=j.get("gpusPerReplica", 1.0, _number),
+        key=JobKey(j.get("key", "", nonempty_string)),
+        queue=QueueName(j.get("queue", "", nonempty_string)),
+        gpus_per_replica=j.get("gpusPerReplica", 1.0, finite_number),
         min_replicas=j.get("minReplicas", 1, _count),
         max_replicas=j.get("maxReplicas", 1, _count),
         current_replicas=j.get("currentReplicas", 1, _count),
         phase=j.get("phase", JobPhase.RUNNING, _phase),
-        elastic=j.get("elastic", False, _boolean),
-        task=j.get("task", "worker", _name),
-        restart_cost_s=j.get("restartCost", None, _duration),
-        remaining_samples=j.get("remainingSamples", None, _optional_non_negative),
-        last_rescale_s=j.get("lastRescale", None, _optional_non_negative),
+        elastic=j.get("elastic", False, boolean),
+        task=j.get("task", "worker", nonempty_string),
+        restart_cost_s=j.get("restartCost", None, duration),
+        remaining_samples=j.get("remainingSamples", None, optional_non_negative),
+        last_rescale_s=j.get("lastRescale", None, optional_non_negative),
         throughput_history=tuple(p for p in points if p is not None),
-        nonelastic_gpus=j.get("nonelasticGpus", 0.0, _non_negative),
+        nonelastic_gpus=j.get("nonelasticGpus", 0.0, non_negative),
     )
     annotations = j.mapping.get("annotations", {})
     if not isinstance(annotations, Mapping):
@@ -177,17 +177,17 @@ def parse_observation(data: object, *, source: str) -> Observation:
         ObservationError: every problem in the document, each with its path and value.
     """
     problems: list[str] = []
-    top = _section(data, path="", allowed=_TOP, problems=problems)
+    top = section(data, path="", allowed=_TOP, problems=problems)
     if top is None:
         raise ObservationError(f"{source}: {problems[0]}")
     queues = [_queue(v, p, problems) for p, v in _items(top, "queues")]
     jobs = [_job(v, p, problems) for p, v in _items(top, "jobs")]
     observation = Observation(
-        time_s=top.get("time", 0.0, _non_negative),
+        time_s=top.get("time", 0.0, non_negative),
         queues=tuple(q for q in queues if q is not None),
         jobs=tuple(j for j in jobs if j is not None),
-        cluster_free_gpus=top.get("clusterFreeGpus", 0.0, _non_negative),
-        metrics_fresh=top.get("metricsFresh", True, _boolean),
+        cluster_free_gpus=top.get("clusterFreeGpus", 0.0, non_negative),
+        metrics_fresh=top.get("metricsFresh", True, boolean),
     )
     if problems:
         listing = "\n".join(f"  - {p}" for p in problems)

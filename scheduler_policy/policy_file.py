@@ -7,17 +7,22 @@ together as one ``PolicyError``, so an admin fixes a file in one pass.
 
 from __future__ import annotations
 
-import difflib
-import math
-import re
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
-
-import yaml
 
 from scheduler_policy.errors import PolicyError
+from scheduler_policy.fields import (
+    Section,
+    boolean,
+    duration,
+    finite_number,
+    non_negative,
+    nonempty_string,
+    optional_non_negative,
+    positive_duration,
+    read_yaml_documents,
+    section,
+    show,
+)
 from scheduler_policy.model import QueueName
 from scheduler_policy.policy import Defaults, ElasticPolicy, Headroom, Objective, QueuePolicy
 
@@ -34,148 +39,9 @@ _WINDOW_KEYS = ("up", "down")
 _QUEUE_KEYS = ("name", "elastic", "borrowIdleGpus", "maxElasticGpus", "headroom")
 _HEADROOM_KEYS = ("gpus", "forecastQuantile", "horizon")
 
-# Units in descending order, each at most once: "1h30m", "2m30s", "1s500ms". Python's regex
-# backtracks, so "500ms" is not taken for "500m" followed by a stray "s".
-_NUMBER = r"\d+(?:\.\d+)?"
-_DURATION = re.compile(
-    rf"(?:(?P<h>{_NUMBER})h)?(?:(?P<m>{_NUMBER})m)?(?:(?P<s>{_NUMBER})s)?(?:(?P<ms>{_NUMBER})ms)?"
-)
-_UNIT_S = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-
-T = TypeVar("T")
-Converter = Callable[[object, str], T]
-"""Turns the value found at a path into a field, or raises ValueError naming path and value."""
-
-
-def show(value: object) -> str:
-    """``value`` as an error message quotes it: its ``repr`` (``'four'``, ``1.5``), cut to 60."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def parse_duration(value: object, *, path: str) -> float:
-    """Parse a duration string such as ``30s``, ``5m``, ``1h30m``, ``500ms`` or ``0s``.
-
-    Args:
-        value: the value found in the file; only strings are durations.
-        path: where the value was found, for the error message.
-
-    Returns:
-        The duration in seconds, never negative.
-
-    Raises:
-        ValueError: ``value`` is not a string, is malformed or is negative; the message names
-            ``path`` and ``value``.
-    """
-    if not isinstance(value, str):
-        # A bare number is most likely seconds; suggest that spelling.
-        example = "30s"
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            example = f"{value:g}s"
-        raise ValueError(
-            f"{path}: must be a duration string such as {example!r}, got {show(value)}"
-        )
-    text = value.strip()
-    if text.startswith("-"):
-        raise ValueError(f"{path}: must not be negative, got {show(value)}")
-    match = _DURATION.fullmatch(text)
-    if not text or match is None:
-        raise ValueError(
-            f"{path}: must be a duration such as '30s', '5m', '1h30m' or '500ms', got {show(value)}"
-        )
-    return sum(
-        float(amount) * _UNIT_S[unit] for unit, amount in match.groupdict().items() if amount
-    )
-
-
-def unknown_key_problem(key: str, *, path: str, allowed: Collection[str]) -> str:
-    """The problem for an unknown key, suggesting the nearest valid key.
-
-    Args:
-        key: the unknown key.
-        path: the key's full path.
-        allowed: the valid keys at that place.
-
-    Returns:
-        ``path: unknown key; did you mean 'x'?``, or the list of valid keys when none is close.
-    """
-    # Compare case-insensitively: `quantile` should find `forecastQuantile`.
-    by_lower = {k.lower(): k for k in allowed}
-    close = difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=0.6)
-    if close:
-        return f"{path}: unknown key; did you mean {by_lower[close[0]]!r}?"
-    expected = ", ".join(repr(k) for k in allowed)
-    return f"{path}: unknown key; expected one of {expected}"
-
-
-def _join(parent: str, key: str) -> str:
-    return f"{parent}.{key}" if parent else key
-
-
-@dataclass(frozen=True)
-class _Section:
-    """One mapping of the file, its path, and the shared list of problems."""
-
-    mapping: Mapping[str, object]
-    path: str
-    problems: list[str]
-
-    def get(self, key: str, default: T, convert: Converter[T]) -> T:
-        """``convert(value)``, or ``default`` when the key is absent or its value is invalid."""
-        if key not in self.mapping:
-            return default
-        try:
-            return convert(self.mapping[key], _join(self.path, key))
-        except ValueError as error:
-            self.problems.append(str(error))
-            return default
-
-    def section(self, key: str, allowed: Collection[str]) -> _Section | None:
-        """The nested mapping at ``key``, or None when it is absent or not a mapping."""
-        if key not in self.mapping:
-            return None
-        return _section(
-            self.mapping[key], path=_join(self.path, key), allowed=allowed, problems=self.problems
-        )
-
-
-def _section(
-    value: object, *, path: str, allowed: Collection[str], problems: list[str]
-) -> _Section | None:
-    """The value as a section, unknown keys reported; None (and a problem) if not a mapping."""
-    if not isinstance(value, Mapping):
-        problems.append(f"{path or 'document'}: must be a mapping, got {show(value)}")
-        return None
-    for key in value:
-        if key not in allowed:
-            problems.append(
-                unknown_key_problem(str(key), path=_join(path, str(key)), allowed=allowed)
-            )
-    return _Section({str(k): v for k, v in value.items()}, path, problems)
-
-
-def _number(value: object, path: str) -> float:
-    # bool is a subclass of int; `maxStepUp: yes` must not read as 1.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{path}: must be a number, got {show(value)}")
-    if not math.isfinite(value):
-        raise ValueError(f"{path}: must be a finite number, got {show(value)}")
-    return float(value)
-
-
-def _non_negative(value: object, path: str) -> float:
-    number = _number(value, path)
-    if number < 0:
-        raise ValueError(f"{path}: must not be negative, got {show(value)}")
-    return number
-
-
-def _optional_non_negative(value: object, path: str) -> float | None:
-    return None if value is None else _non_negative(value, path)
-
 
 def _tolerance(value: object, path: str) -> float:
-    number = _number(value, path)
+    number = finite_number(value, path)
     if not 0 <= number < 1:
         raise ValueError(f"{path}: must be at least 0 and less than 1, got {show(value)}")
     return number
@@ -184,7 +50,7 @@ def _tolerance(value: object, path: str) -> float:
 def _optional_quantile(value: object, path: str) -> float | None:
     if value is None:
         return None
-    number = _number(value, path)
+    number = finite_number(value, path)
     if not 0 < number < 1:
         raise ValueError(f"{path}: must be between 0 and 1, got {show(value)}")
     return number
@@ -198,29 +64,6 @@ def _step(value: object, path: str) -> int:
     return value
 
 
-def _positive_duration(value: object, path: str) -> float:
-    seconds = parse_duration(value, path=path)
-    if seconds <= 0:
-        raise ValueError(f"{path}: must be longer than 0s, got {show(value)}")
-    return seconds
-
-
-def _duration(value: object, path: str) -> float:
-    return parse_duration(value, path=path)
-
-
-def _boolean(value: object, path: str) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{path}: must be true or false, got {show(value)}")
-    return value
-
-
-def _name(value: object, path: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{path}: must be a non-empty string, got {show(value)}")
-    return value
-
-
 def _objective(value: object, path: str) -> Objective:
     if not isinstance(value, str) or value not in _OBJECTIVES:
         expected = " or ".join(repr(o) for o in _OBJECTIVES)
@@ -228,14 +71,14 @@ def _objective(value: object, path: str) -> Objective:
     return _OBJECTIVES[value]
 
 
-def _constant(top: _Section, key: str, expected: str) -> None:
+def _constant(top: Section, key: str, expected: str) -> None:
     if key not in top.mapping:
         top.problems.append(f"{key}: is required; expected {expected!r}")
     elif top.mapping[key] != expected:
         top.problems.append(f"{key}: must be {expected!r}, got {show(top.mapping[key])}")
 
 
-def _parse_defaults(spec: _Section) -> Defaults:
+def _parse_defaults(spec: Section) -> Defaults:
     base = Defaults()
     defaults = spec.section("defaults", _DEFAULTS_KEYS + _DEFAULTS_KEYS_MORE)
     if defaults is None:
@@ -243,54 +86,54 @@ def _parse_defaults(spec: _Section) -> Defaults:
     window = defaults.section("stabilizationWindow", _WINDOW_KEYS)
     return Defaults(
         tolerance=defaults.get("tolerance", base.tolerance, _tolerance),
-        restart_cost_s=defaults.get("restartCost", base.restart_cost_s, _duration),
-        cooldown_s=defaults.get("cooldown", base.cooldown_s, _duration),
+        restart_cost_s=defaults.get("restartCost", base.restart_cost_s, duration),
+        cooldown_s=defaults.get("cooldown", base.cooldown_s, duration),
         max_step_up=defaults.get("maxStepUp", base.max_step_up, _step),
         max_step_down=defaults.get("maxStepDown", base.max_step_down, _step),
-        window_up_s=window.get("up", base.window_up_s, _duration) if window else base.window_up_s,
+        window_up_s=window.get("up", base.window_up_s, duration) if window else base.window_up_s,
         window_down_s=(
-            window.get("down", base.window_down_s, _duration) if window else base.window_down_s
+            window.get("down", base.window_down_s, duration) if window else base.window_down_s
         ),
         assumed_remaining_s=defaults.get(
-            "assumedRemaining", base.assumed_remaining_s, _positive_duration
+            "assumedRemaining", base.assumed_remaining_s, positive_duration
         ),
     )
 
 
-def _parse_headroom(queue: _Section) -> Headroom:
+def _parse_headroom(queue: Section) -> Headroom:
     base = Headroom()
     headroom = queue.section("headroom", _HEADROOM_KEYS)
     if headroom is None:
         return base
     return Headroom(
-        gpus=headroom.get("gpus", base.gpus, _non_negative),
+        gpus=headroom.get("gpus", base.gpus, non_negative),
         forecast_quantile=headroom.get(
             "forecastQuantile", base.forecast_quantile, _optional_quantile
         ),
-        horizon_s=headroom.get("horizon", base.horizon_s, _positive_duration),
+        horizon_s=headroom.get("horizon", base.horizon_s, positive_duration),
     )
 
 
 def _parse_queue(value: object, *, path: str, problems: list[str]) -> QueuePolicy | None:
     """One queue, or None when it has no valid name (its other problems are still reported)."""
-    queue = _section(value, path=path, allowed=_QUEUE_KEYS, problems=problems)
+    queue = section(value, path=path, allowed=_QUEUE_KEYS, problems=problems)
     if queue is None:
         return None
     if "name" not in queue.mapping:
         problems.append(f"{path}.name: is required")
-    name = queue.get("name", "", _name)
+    name = queue.get("name", "", nonempty_string)
     base = QueuePolicy(name=QueueName(name))
     parsed = QueuePolicy(
         name=base.name,
-        elastic=queue.get("elastic", base.elastic, _boolean),
-        borrow=queue.get("borrowIdleGpus", base.borrow, _boolean),
+        elastic=queue.get("elastic", base.elastic, boolean),
+        borrow=queue.get("borrowIdleGpus", base.borrow, boolean),
         headroom=_parse_headroom(queue),
-        max_elastic_gpus=queue.get("maxElasticGpus", base.max_elastic_gpus, _optional_non_negative),
+        max_elastic_gpus=queue.get("maxElasticGpus", base.max_elastic_gpus, optional_non_negative),
     )
     return parsed if name else None
 
 
-def _parse_queues(spec: _Section) -> tuple[QueuePolicy, ...]:
+def _parse_queues(spec: Section) -> tuple[QueuePolicy, ...]:
     if "queues" not in spec.mapping:
         return ()
     value = spec.mapping["queues"]
@@ -332,21 +175,21 @@ def parse_policy(data: object, *, source: str) -> ElasticPolicy:
         PolicyError: listing every problem in the document, each naming its path and value.
     """
     problems: list[str] = []
-    top = _section(data, path="", allowed=_TOP_KEYS, problems=problems)
+    top = section(data, path="", allowed=_TOP_KEYS, problems=problems)
     if top is None:
         raise PolicyError(source, problems)
     _constant(top, "apiVersion", API_VERSION)
     _constant(top, "kind", KIND)
     base = ElasticPolicy()
     metadata = top.section("metadata", _METADATA_KEYS)
-    name = metadata.get("name", base.name, _name) if metadata else base.name
+    name = metadata.get("name", base.name, nonempty_string) if metadata else base.name
     spec = top.section("spec", _SPEC_KEYS)
     policy = ElasticPolicy(name=name)
     if spec is not None:
         policy = ElasticPolicy(
             name=name,
-            interval_s=spec.get("interval", base.interval_s, _positive_duration),
-            model_refit_s=spec.get("modelRefitInterval", base.model_refit_s, _duration),
+            interval_s=spec.get("interval", base.interval_s, positive_duration),
+            model_refit_s=spec.get("modelRefitInterval", base.model_refit_s, duration),
             objective=spec.get("objective", base.objective, _objective),
             defaults=_parse_defaults(spec),
             queues=_parse_queues(spec),
@@ -354,35 +197,6 @@ def parse_policy(data: object, *, source: str) -> ElasticPolicy:
     if problems:
         raise PolicyError(source, problems)
     return policy
-
-
-def read_yaml_documents(path: str | Path) -> list[object]:
-    """Read every YAML document in a file.
-
-    Args:
-        path: the file.
-
-    Returns:
-        The documents in order, as ``yaml.safe_load_all`` yields them (an empty one is None).
-
-    Raises:
-        PolicyError: the file cannot be read, or is not valid YAML; the problem names the line
-            and column (counted from 1).
-    """
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise PolicyError(source, [f"cannot read file: {error}"]) from error
-    try:
-        return list(yaml.safe_load_all(text))
-    except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        what = error.problem or error.context or "syntax error"
-        raise PolicyError(source, [f"{where}invalid YAML: {what}"]) from error
-    except yaml.YAMLError as error:
-        raise PolicyError(source, [f"invalid YAML: {error}"]) from error
 
 
 def load_policy(path: str | Path) -> ElasticPolicy:

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from scheduler_policy.annotations import ELASTIC, TASK, annotation_path, job_overrides
 from scheduler_policy.errors import PolicyError
+from scheduler_policy.fields import read_yaml_documents, show
 from scheduler_policy.policy import ElasticPolicy
-from scheduler_policy.policy_file import API_VERSION, KIND, parse_policy, read_yaml_documents, show
+from scheduler_policy.policy_file import API_VERSION, KIND, parse_policy
 
 VOLCANO_JOB = ("batch.volcano.sh/v1alpha1", "Job")
 DEFAULT_TASK = "worker"
