@@ -100,7 +100,7 @@ class BaselineController:
         plan: BaselinePlan = self.baseline.decide(observation, now_s=now_s)
         self._priority = dict(plan.priority)
         changed = 0
-        for key in plan.suspend:
+        for key in sorted(plan.suspend):  # a set: sorted, so runs repeat whatever the hash seed
             job = cluster.jobs[key]
             if job.status is Status.RUNNING:
                 cluster.suspend(job)
