@@ -111,8 +111,10 @@ def queue_budgets(
     work and elastic minimums hold. Volcano's proportion plugin sizes deserved shares by what
     each queue requests, so elastic growth raises the growing queue's share at the expense of
     the others'; giving the growth back gracefully is better than the abrupt kill of a reclaim,
-    and better than leaving a whole job queued for one more replica's speedup. (With several
-    borrowing queues each gives up to the whole shortfall: it errs toward the pending work.)
+    and better than leaving a whole job queued for one more replica's speedup. It yields only
+    when giving back covers the shortfall: GPUs freed for work they still cannot start would sit
+    idle while the queue's jobs run slower. (With several borrowing queues each gives up to the
+    whole shortfall: it errs toward the pending work.)
 
     Args:
         observation: the cluster now.
@@ -158,7 +160,9 @@ def queue_budgets(
             used = held_q + elastic_used.get(queue.name, 0.0)
             floor = max(queue.guarantee_gpus, held_q + elastic_min.get(queue.name, 0.0))
             others_short = max(0.0, total_pending - pending_q - free)
-            if others_short > 0 and used > floor:
+            # Yield only what lets the pending work start: GPUs given back for work they cannot
+            # start would sit idle, reserved, while the queue's jobs run slower.
+            if 0 < others_short <= used - floor:
                 give = min(others_short, used - floor)
                 limit = min(limit, used - give)
                 claimed += give

@@ -73,6 +73,18 @@ SCENARIOS = {
         make_policy("research", "prod", borrow=True),
         {"a": (6, Reason.SHRINK_FOR_PENDING_WORK)},
     ),
+    "no-yield-that-cannot-start-the-pending-work": (
+        make_observation(
+            make_job("a", queue="research", current=8, min_replicas=4),
+            queues=(
+                make_queue("research", capability=16, deserved=4),
+                make_queue("prod", capability=16, deserved=12, pending=8),
+            ),
+            free=1,
+        ),
+        make_policy("research", "prod", borrow=True),
+        {"a": (8, Reason.AT_TARGET)},
+    ),
     "headroom-kept-free": (
         make_observation(make_job("a", current=2), queues=(make_queue(capability=8),), free=8),
         make_policy(headroom_gpus=3),
