@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -24,23 +25,32 @@ def fmt(value: float, digits: int = 2) -> str:
 
 def summary_table(summaries: Sequence[Summary], *, title: str) -> Table:
     """The comparison as a rich table."""
-    table = Table(title=title)
+    table = Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        caption=(
+            "JCT: job completion time. rigid queue: queueing delay of non-elastic jobs. "
+            "useful util: GPU time that made progress. lost: GPU-hours lost to restarts and "
+            "kills. guar. wait: minutes guaranteed work waited while its GPUs were lent out."
+        ),
+    )
+    # Short header words that wrap cleanly; numbers never wrap, so an 80-column terminal
+    # shows every figure whole.
+    table.add_column("policy", justify="left", no_wrap=True, min_width=9)
     for col in (
-        "policy",
-        "JCT avg h",
-        "p50",
-        "p95",
-        "p99",
-        "fixed-job queue p95 h",
-        "useful util",
-        "rescales",
-        "lost GPU-h",
-        "guar. wait min",
+        "JCT\navg h",
+        "JCT\np50 h",
+        "JCT\np95 h",
+        "JCT\np99 h",
+        "rigid\nqueue\np95 h",
+        "useful\nutil",
+        "re-\nscales",
+        "lost\nGPU-h",
+        "guar.\nwait\nmin",
     ):
-        if col == "policy":
-            table.add_column(col, justify="left", no_wrap=True)
-        else:
-            table.add_column(col, justify="right")
+        table.add_column(col, justify="right", no_wrap=True, min_width=5)
     for s in summaries:
         table.add_row(
             s.policy,
