@@ -204,7 +204,8 @@ def _kind(document: Mapping[str, object]) -> tuple[object, object]:
 
 
 def validate_file(path: Path) -> FileReport:
-    """Validate one file: a single ElasticPolicy, or one or more Volcano Jobs.
+    """Validate one file: a single ElasticPolicy, or one or more Volcano Jobs (other Kubernetes
+    kinds beside them are passed over; a file with nothing tide checks is an error).
 
     Args:
         path: the file.
@@ -219,6 +220,7 @@ def validate_file(path: Path) -> FileReport:
     if not documents:
         return FileReport(path=path, errors=("file holds no YAML document",))
     found = _Findings()
+    checked = 0
     for number, document in enumerate(documents, start=1):
         prefix = f"document {number}: " if len(documents) > 1 else ""
         if not isinstance(document, Mapping):
@@ -240,12 +242,20 @@ def validate_file(path: Path) -> FileReport:
             errors, warnings = check_job(document)
         else:
             api_version, kind = _kind(document)
-            found.errors.append(
-                f"document {number}: unknown kind {f'{api_version}/{kind}'!r}; tide validates "
-                f"{API_VERSION} {KIND} and {VOLCANO_JOB[0]} {VOLCANO_JOB[1]}"
-            )
+            if not (isinstance(api_version, str) and isinstance(kind, str)):
+                found.errors.append(
+                    f"document {number}: not a Kubernetes object (no apiVersion and kind); "
+                    f"tide validates {API_VERSION} {KIND} and {VOLCANO_JOB[0]} {VOLCANO_JOB[1]}"
+                )
+            # Other kinds (a PVC or ConfigMap next to the Job) are not tide's to check.
+            continue
+        checked += 1
         found.errors.extend(prefix + e for e in errors)
         found.warnings.extend(prefix + w for w in warnings)
+    if checked == 0 and not found.errors:
+        found.errors.append(
+            f"holds no {API_VERSION} {KIND} and no {VOLCANO_JOB[0]} {VOLCANO_JOB[1]} to validate"
+        )
     return FileReport(path=path, errors=tuple(found.errors), warnings=tuple(found.warnings))
 
 

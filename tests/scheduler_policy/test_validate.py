@@ -18,9 +18,12 @@ POLICY_DOC = {
     "metadata": {"name": "p"},
     "spec": {"queues": [{"name": "research", "borrowIdleGpus": True}]},
 }
-UNKNOWN_KIND = (
-    "unknown kind 'v1/ConfigMap'; tide validates tide.io/v1alpha1 ElasticPolicy and "
-    "batch.volcano.sh/v1alpha1 Job"
+NOTHING_TO_CHECK = (
+    "holds no tide.io/v1alpha1 ElasticPolicy and no batch.volcano.sh/v1alpha1 Job to validate"
+)
+NOT_AN_OBJECT = (
+    "document 1: not a Kubernetes object (no apiVersion and kind); tide validates "
+    "tide.io/v1alpha1 ElasticPolicy and batch.volcano.sh/v1alpha1 Job"
 )
 UNSET_MIN = (
     "spec.tasks[1].minAvailable: unset, so it defaults to replicas and the job cannot shrink; "
@@ -172,14 +175,14 @@ def test_check_job_reports_several_problems_at_once() -> None:
         ([make_job(), make_job(min_available=9)],
          ["document 2: spec.minAvailable: must not exceed the sum of spec.tasks[*].replicas (5), "
           "got 9"], []),
-        ([{"apiVersion": "v1", "kind": "ConfigMap"}], [f"document 1: {UNKNOWN_KIND}"], []),
-        ([make_job(), {"apiVersion": "v1", "kind": "ConfigMap"}], [f"document 2: {UNKNOWN_KIND}"],
-         []),
+        ([{"apiVersion": "v1", "kind": "ConfigMap"}], [NOTHING_TO_CHECK], []),
+        ([make_job(), {"apiVersion": "v1", "kind": "PersistentVolumeClaim"}], [], []),
+        ([{"nodes": 8, "gpus_per_node": 4}], [NOT_AN_OBJECT], []),
         ([["a list"]], ["document 1: must be a mapping, got ['a list']"], []),
     ],
     ids=["policy-clean", "policy-error", "policy-no-queues", "policy-borrow-not-elastic",
-         "policy-with-other-documents", "jobs-name-their-document", "unknown-kind",
-         "unknown-kind-second", "not-a-mapping"],
+         "policy-with-other-documents", "jobs-name-their-document", "only-other-kinds",
+         "other-kinds-beside-a-job-pass", "not-a-kubernetes-object", "not-a-mapping"],
 )  # fmt: skip
 def test_validate_file(
     tmp_path: Path, documents: list[object], errors: list[str], warnings: list[str]
@@ -232,3 +235,9 @@ def test_every_example_policy_validates_clean() -> None:
     assert [(r.path.name, r.errors, r.warnings) for r in reports] == [
         (r.path.name, (), ()) for r in reports
     ]
+
+
+def test_the_example_elastic_job_passes_tide_validate() -> None:
+    example = POLICIES_DIR.parent / "examples" / "elastic-pytorch-job.yaml"
+    report = validate_file(example)
+    assert (report.errors, report.warnings) == ((), ())
