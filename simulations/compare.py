@@ -106,6 +106,13 @@ def run_comparison(
     )
     if workload.skipped_rows:
         console.print(f"skipped {workload.skipped_rows} bad trace row(s)")
+    for summary in summaries:
+        if summary.finished < summary.jobs:
+            console.print(
+                f"[yellow]{summary.policy}: {summary.jobs - summary.finished} job(s) did not "
+                "finish (their gangs never fit, or the horizon cut them); JCT figures cover "
+                "finished jobs only[/yellow]"
+            )
     meta: dict[str, object] = {
         "workload": workload.name,
         "cluster": cluster.name,

@@ -186,6 +186,16 @@ def simulate(
     busy_since_reconcile = True
     total_jobs = len(sim.order)
     while sim.done_count < total_jobs:
+        if not sim.running and not events:
+            # The cluster is empty and nothing more will arrive or recover, yet jobs wait: their
+            # gangs do not fit the empty cluster (e.g. larger than a queue's real capability),
+            # and no reconcile can change that. Without this, the loop would never end.
+            logger.warning(
+                "%d job(s) can never run on cluster %s (their gangs do not fit it empty)",
+                total_jobs - sim.done_count,
+                cluster.name,
+            )
+            break
         t_event = events[0][0] if events else math.inf
         t_done, _ = sim.next_completion()
         if not sim.running and not any(sim.waiting_by_queue.values()):
