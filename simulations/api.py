@@ -36,6 +36,30 @@ def default_policy_for(cluster: ClusterSpec) -> ElasticPolicy:
     )
 
 
+def policy_queue_warnings(policy: ElasticPolicy, cluster: ClusterSpec) -> list[str]:
+    """What a user should know before simulating ``policy`` on ``cluster``.
+
+    Returns:
+        A warning when the policy names queues the cluster lacks, or scales none of its queues
+        (tide then changes nothing and runs as Volcano does on its own).
+    """
+    names = {q.name for q in cluster.queues}
+    missing = [q.name for q in policy.queues if q.name not in names]
+    scaled = [q.name for q in policy.queues if q.name in names and q.elastic]
+    warnings = []
+    if missing:
+        warnings.append(
+            f"policy {policy.name} names queue(s) {', '.join(missing)} that cluster "
+            f"{cluster.name} lacks (it has {', '.join(sorted(names))})"
+        )
+    if not scaled:
+        warnings.append(
+            f"policy {policy.name} scales none of cluster {cluster.name}'s queues: tide will "
+            "change nothing and run as Volcano does on its own"
+        )
+    return warnings
+
+
 def detect_format(path: Path) -> str:
     """Guess a trace's format from its name and header line.
 

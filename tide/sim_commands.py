@@ -16,7 +16,7 @@ from rich.table import Table
 from scheduler_policy.errors import TideError
 from scheduler_policy.policy import ElasticPolicy
 from scheduler_policy.policy_file import load_policy
-from simulations.api import PolicyRun, default_policy_for, load_workload
+from simulations.api import PolicyRun, default_policy_for, load_workload, policy_queue_warnings
 from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
 from simulations.compare import fmt as format_number
 from simulations.compare import run_comparison
@@ -71,6 +71,11 @@ QuietOpt = Annotated[
         "happens, seconds (default: the interval).",
     ),
 ]
+
+
+def _warn_policy(policy: ElasticPolicy, cluster: ClusterSpec) -> None:
+    for warning in policy_queue_warnings(policy, cluster):
+        console.print(f"[yellow]warning:[/yellow] {warning}")
 
 
 def _setup(
@@ -163,6 +168,7 @@ def register(app: typer.Typer) -> None:
                 skip_bad_rows=skip_bad_rows,
             )
             policy = load_policy(policy_file) if policy_file else default_policy_for(cluster)
+            _warn_policy(policy, cluster)
             runs = []
             for name in [p.strip() for p in policies.split(",") if p.strip()]:
                 if name != "tide" and name not in BASELINE_NAMES:
@@ -216,6 +222,7 @@ def register(app: typer.Typer) -> None:
             runs = []
             for path in policy_files:
                 policy = load_policy(path)
+                _warn_policy(policy, cluster)
                 runs.append(PolicyRun(f"{path.stem}", "tide", policy))
             options = _options(
                 seed=seed, horizon_h=horizon_h, mtbf_h=None, outage_h=None, quiet_s=None
@@ -260,6 +267,7 @@ def register(app: typer.Typer) -> None:
             space = load_search_space(space_file)
             cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
             base = load_policy(policy_file) if policy_file else default_policy_for(cluster)
+            _warn_policy(base, cluster)
             if traces:
                 workloads = [
                     load_workload(

@@ -37,3 +37,18 @@ def test_policy_yaml_round_trips():
         ),
     )
     assert parse_policy(yaml.safe_load(policy_yaml(policy)), source="tuned.yaml") == policy
+
+
+def test_a_policy_for_other_queues_is_flagged():
+    from simulations.api import policy_queue_warnings
+    from simulations.cluster_config import BUILTIN_CLUSTER
+
+    other = ElasticPolicy(name="p", queues=(QueuePolicy(QueueName("default")),))
+    assert policy_queue_warnings(other, BUILTIN_CLUSTER) == [
+        "policy p names queue(s) default that cluster small-mixed lacks "
+        "(it has production, research)",
+        "policy p scales none of cluster small-mixed's queues: tide will change nothing and "
+        "run as Volcano does on its own",
+    ]
+    fitting = ElasticPolicy(name="q", queues=(QueuePolicy(QueueName("research"), borrow=True),))
+    assert policy_queue_warnings(fitting, BUILTIN_CLUSTER) == []
