@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import difflib
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -37,7 +38,13 @@ from simulations.report import Summary, summarize
 from simulations.run import RunOptions
 from simulations.workload import Workload
 
-_TOP = {f.name for f in dataclasses.fields(ElasticPolicy)} - {"name", "defaults", "queues"}
+# Numeric policy fields only (the objective is a choice of words, not a number to search).
+_TOP = {f.name for f in dataclasses.fields(ElasticPolicy)} - {
+    "name",
+    "defaults",
+    "queues",
+    "objective",
+}
 _DEFAULTS = {f.name for f in dataclasses.fields(Defaults)}
 _INTS = {"max_step_up", "max_step_down"}
 
@@ -88,7 +95,10 @@ def load_search_space(path: Path) -> SearchSpace:
         if (name.startswith("defaults.") and field not in _DEFAULTS) or (
             not name.startswith("defaults.") and name not in _TOP
         ):
-            raise SearchSpaceError(f"{path}: parameters.{name}: not a policy parameter")
+            known = sorted([*_TOP, *(f"defaults.{d}" for d in _DEFAULTS)])
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; one of {', '.join(known)}"
+            raise SearchSpaceError(f"{path}: parameters.{name}: not a policy parameter{hint}")
         if isinstance(spec, list) and spec and all(isinstance(v, int | float) for v in spec):
             choices[name] = tuple(float(v) for v in spec)
         elif isinstance(spec, dict) and set(spec) == {"min", "max"} and method == "random":
