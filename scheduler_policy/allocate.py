@@ -9,11 +9,13 @@ fitted scaling curve X, divided by the job's expected remaining time under the d
 non-increasing in k (a running minimum), so taking increments in order of value never takes a
 job's (k+1)-th replica before its k-th.
 
-Increments a job already runs (k ≤ current) come first: a running replica is only given up when
-its queue's budget cannot hold it, never to make room for another job's growth (that would cost
-two restarts for one). Growth increments (k > current) are taken only while the time they save
-over the job's expected remaining run exceeds its restart cost, and only from the idle GPUs
-left after pending non-elastic work.
+Increments a job holds (k ≤ its scheduled replicas) come first: a running replica is given up
+when its queue's budget cannot hold it, or for another job's growth in its queue worth at least
+twice as much (a trade costs two restarts). Growth increments (k > held) are taken only while the
+time they save over the job's expected remaining run exceeds its restart cost, and only from the
+idle GPUs left after pending work, or from such trades. Replicas a job's spec asks for that
+Volcano has not scheduled (waiting for GPUs) are growth like any other: they hold nothing, so
+withdrawing them costs nothing.
 
 Per queue, increments are taken in order while their GPUs fit the budget; the first that does not
 fit ends the queue's turn (a prefix, which keeps the greedy vectorisable and never overfills).
@@ -41,6 +43,10 @@ BoolArray = npt.NDArray[np.bool_]
 _FIRST_VALUE = 1e12
 # Slack for float sums of fractional GPUs.
 _GPU_EPSILON = 1e-9
+# A running replica moves to another job's growth only if that growth is worth this many times
+# more: the move costs two restarts for one replica, and the margin keeps two jobs whose values
+# cross from handing a replica back and forth.
+_TRADE_FACTOR = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +57,7 @@ class Allocation:
         targets: replicas per job.
         reasons: why each target is what it is.
         forced: True where a shrink is needed to fit a budget (damping must not delay it).
-        gains: predicted relative throughput change of moving from current to target.
+        gains: predicted relative throughput change of moving from the held replicas to target.
         next_gains: relative speedup the next replica above the target would bring.
     """
 
@@ -73,7 +79,9 @@ def allocate(
     budgets: Mapping[QueueName, QueueBudget],
     growth_pool_gpus: float,
     defaults: Defaults,
+    waiting_pool_gpus: float | None = None,
     objective: Objective = Objective.COMPLETION_TIME,
+    trades: bool = True,
 ) -> Allocation:
     """Decide a target for every running elastic job.
 
@@ -82,8 +90,12 @@ def allocate(
         budgets: the elastic budget of each queue.
         growth_pool_gpus: idle GPUs that growth beyond current replicas may take, all queues
             together.
+        waiting_pool_gpus: GPUs that replicas a job's spec already asks for, waiting to be
+            scheduled, may keep (idle and terminating); None for ``growth_pool_gpus``.
         defaults: the policy's defaults (assumed remaining time).
         objective: what increments are ranked by (see ``Objective``).
+        trades: whether running replicas may move to other jobs' growth; False while pending
+            work claims more than the idle GPUs (what a replica gives up would go to it).
 
     Returns:
         Targets within [min, max] that fit every budget, with reasons.
@@ -96,7 +108,7 @@ def allocate(
         )
     lo = table.min_replicas.astype(np.float64)
     hi = table.max_replicas.astype(np.float64)
-    cur = table.current.astype(np.float64)
+    cur = table.held.astype(np.float64)
     gpr = table.gpus_per_replica
     width = int((hi - lo).max())
     steps = np.arange(1, width + 1, dtype=np.float64)
@@ -137,6 +149,7 @@ def allocate(
     item_gpus = gpr[rows]
     item_value = value[rows, cols]
     growth = ~existing[rows, cols]
+    asked = k[rows, cols] <= table.current[rows]  # the job's spec already asks for it
     item_queue = qidx[rows]
     # Sort by (queue, growth, -value): a stable sort on the value, then a stable one on the
     # small-integer major key (numpy radix-sorts 16-bit keys), faster than lexsort here.
@@ -146,7 +159,7 @@ def allocate(
         major = major.astype(np.int16)
     order = by_value[np.argsort(major, kind="stable")]
     rows, item_gpus, item_value = rows[order], item_gpus[order], item_value[order]
-    growth, item_queue = growth[order], item_queue[order]
+    growth, item_queue, asked = growth[order], item_queue[order], asked[order]
     first = np.searchsorted(item_queue, np.arange(len(table.queue_names)))
 
     def spent_in_queue(gpus: FloatArray) -> FloatArray:
@@ -168,16 +181,35 @@ def allocate(
     )
     accepted = kept | grown
 
-    # Growth across all queues must fit in the idle GPUs, best value first.
-    grow = np.nonzero(accepted & growth)[0]
-    if len(grow):
-        g_order = grow[np.argsort(-item_value[grow], kind="stable")]
-        fits = np.cumsum(item_gpus[g_order]) <= growth_pool_gpus + _GPU_EPSILON
-        accepted[g_order[~fits]] = False
+    # Growth across all queues must fit in the idle GPUs, best value first: replicas already
+    # asked for first (they may also keep GPUs now terminating), then new ones from what idle
+    # GPUs the first left (terminating GPUs never fund new growth, so a second round on the
+    # same cluster asks for nothing the first did not).
+    waiting_pool = growth_pool_gpus if waiting_pool_gpus is None else waiting_pool_gpus
+    pool = waiting_pool
+    for tier in (asked, ~asked):
+        grow = np.flatnonzero(accepted & growth & tier)
+        if len(grow):
+            g_order = grow[np.argsort(-item_value[grow], kind="stable")]
+            spent = np.cumsum(item_gpus[g_order])
+            fits = spent <= pool + _GPU_EPSILON
+            accepted[g_order[~fits]] = False
+            growth_pool_gpus -= float(spent[fits][-1]) if fits.any() else 0.0
+        pool = max(0.0, growth_pool_gpus)
 
+    traded = _trade(
+        accepted=accepted, growth=growth, item_queue=item_queue, item_gpus=item_gpus,
+        item_value=item_value, queues=len(first), factor=_TRADE_FACTOR if trades else np.inf,
+    )  # fmt: skip
+    given = kept & ~accepted
     targets = lo + np.bincount(rows[accepted], minlength=count)
     t_int = targets.astype(np.int64)
-    reasons, forced = _reasons(table, budgets, t_int, useful, eligible, existing)
+    traded_jobs = None
+    if traded:
+        # A job that also gives up replicas its budget cannot hold shrinks for the budget.
+        over = np.bincount(rows[~growth & ~kept], minlength=count) > 0
+        traded_jobs = (np.bincount(rows[given], minlength=count) > 0) & ~over
+    reasons, forced = _reasons(table, budgets, t_int, useful, eligible, existing, traded_jobs)
     x_target = _curve(table, np.maximum(targets, 1.0)[:, None])[:, 0]
     x_next = _curve(table, (targets + 1.0)[:, None])[:, 0]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -185,6 +217,64 @@ def allocate(
         next_gains = np.where(x_target > 0, x_next / x_target - 1.0, 0.0)
     next_gains = np.where(targets < hi, next_gains, 0.0)
     return Allocation(t_int, reasons, forced, gains, next_gains)
+
+
+def _trade(
+    *,
+    accepted: BoolArray,
+    growth: BoolArray,
+    item_queue: IntArray,
+    item_gpus: FloatArray,
+    item_value: FloatArray,
+    queues: int,
+    factor: float,
+) -> bool:
+    """Move running replicas to growth worth ``factor`` times more, within each queue.
+
+    ``accepted`` is updated in place. Items come sorted by (queue, growth, −value). Growth
+    the idle GPUs could not take is paired, best first, with the queue's least valuable running
+    replicas, GPU for GPU; a growth item is taken while its value exceeds ``factor`` times the
+    most valuable replica it displaces. Both sequences are monotone, so what is taken is a
+    prefix of each.
+
+    Returns:
+        Whether any replica was given up.
+    """
+    if not np.isfinite(factor):
+        return False
+    give = np.flatnonzero(accepted & ~growth)
+    take = np.flatnonzero(~accepted & growth)
+    if not len(give) or not len(take):
+        return False
+    # Givers least valuable first within each queue; takers are already best first.
+    give = give[np.argsort(item_value[give], kind="stable")]
+    give = give[np.argsort(item_queue[give], kind="stable")]
+    span = float(item_gpus.sum()) + 1.0  # separates the queues on one cumulative axis
+
+    def cumulative(idx: IntArray) -> FloatArray:
+        q = item_queue[idx]
+        total = np.cumsum(item_gpus[idx])
+        starts = np.searchsorted(q, np.arange(queues))
+        before = np.concatenate(([0.0], total))[starts][q]
+        return total - before + q * span
+
+    give_end = cumulative(give)
+    take_end = cumulative(take)
+    # The giver whose GPUs complete each taker's: the first with give_end >= take_end.
+    pos = np.searchsorted(give_end, take_end - _GPU_EPSILON)
+    same_queue = pos < len(give)
+    pos = np.minimum(pos, len(give) - 1)
+    same_queue &= item_queue[give[pos]] == item_queue[take]
+    ok = same_queue & (item_value[take] > factor * item_value[give[pos]])
+    if not ok.any():
+        return False
+    accepted[take[ok]] = True
+    # Per queue, the GPUs the taken growth needs; givers up to them are given up.
+    needed = np.zeros(queues)
+    np.maximum.at(needed, item_queue[take[ok]], take_end[ok] - item_queue[take[ok]] * span)
+    give_start = give_end - item_gpus[give] - item_queue[give] * span
+    accepted[give[give_start < needed[item_queue[give]] - _GPU_EPSILON]] = False
+    return True
 
 
 # Reason codes of the vectorised classification below, in the order ``_REASONS`` lists them.
@@ -197,8 +287,9 @@ _REASONS = (
     Reason.SHRINK_FOR_PENDING_WORK,
     Reason.SHRINK_FOR_HEADROOM,
     Reason.SHRINK_OVER_BUDGET,
+    Reason.SHRINK_FOR_BETTER_USE,
 )
-_BUDGET_SHRINK = {reason: code for code, reason in enumerate(_REASONS) if code >= 5}
+_BUDGET_SHRINK = {reason: code for code, reason in enumerate(_REASONS) if 5 <= code <= 7}
 
 
 def _reasons(
@@ -208,9 +299,10 @@ def _reasons(
     useful: BoolArray,
     eligible: BoolArray,
     existing: BoolArray,
+    traded: BoolArray | None = None,
 ) -> tuple[tuple[Reason, ...], BoolArray]:
     """Why each target is what it is, and which shrinks are forced by a budget."""
-    lo, hi, cur = table.min_replicas, table.max_replicas, table.current
+    lo, hi, cur = table.min_replicas, table.max_replicas, table.held
     count = len(table.jobs)
     width = useful.shape[1]
     if width == 0:  # every job is fixed at one size: nothing to take or give
@@ -239,5 +331,9 @@ def _reasons(
     codes[inefficient] = 3
     codes[restart] = 4
     codes[budget_shrink] = budget_code[budget_shrink]
+    if traded is not None:
+        # Given up for other jobs' growth, not for a budget: damped like any other move.
+        budget_shrink &= ~traded
+        codes[down & traded & ~to_bounds_down] = 8
     reasons = tuple(map(_REASONS.__getitem__, codes.tolist()))
     return reasons, to_bounds_down | budget_shrink

@@ -83,6 +83,13 @@ def pending_gpus(observation: Observation) -> dict[QueueName, float]:
     return pending
 
 
+def pending_covered(observation: Observation, pending: Mapping[QueueName, float]) -> bool:
+    """Whether the idle GPUs cover all pending work: only then does a GPU one job gives up
+    reach another job's growth. (Terminating GPUs do not count: a second round on the same
+    cluster must not trade where the first did not.)"""
+    return sum(pending.values()) <= max(0.0, observation.cluster_free_gpus)
+
+
 def growth_pool_gpus(observation: Observation, pending: Mapping[QueueName, float]) -> float:
     """Idle GPUs that elastic growth may take this round, across all queues.
 
@@ -90,6 +97,17 @@ def growth_pool_gpus(observation: Observation, pending: Mapping[QueueName, float
     ``max(0, free − Σ pending GPUs)``.
     """
     return max(0.0, observation.cluster_free_gpus - sum(pending.values()))
+
+
+def waiting_pool_gpus(observation: Observation, pending: Mapping[QueueName, float]) -> float:
+    """GPUs that replicas already asked for and waiting to be scheduled may keep, all queues.
+
+    The growth pool plus the GPUs of terminating pods, after pending work: a replica given up
+    for another job's growth is still terminating in the next round, and its GPUs are for the
+    replica that waits for them.
+    """
+    free = max(0.0, observation.cluster_free_gpus) + max(0.0, observation.releasing_gpus)
+    return max(0.0, free - sum(pending.values()))
 
 
 def queue_budgets(
@@ -137,7 +155,9 @@ def queue_budgets(
         name, gpr = job.queue, job.gpus_per_replica
         if job.key in elastic_keys:
             held[name] += job.nonelastic_gpus
-            elastic_used[name] += job.current_replicas * gpr
+            # Replicas still waiting for GPUs hold none: counting them would shrink a running
+            # job to make room that is not needed (the allocator withdraws them instead).
+            elastic_used[name] += job.held_replicas * gpr
             elastic_min[name] += job.min_replicas * gpr
         elif phase is not JobPhase.PENDING:
             held[name] += job.current_replicas * gpr + job.nonelastic_gpus

@@ -10,14 +10,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 
 import numpy as np
+import numpy.typing as npt
 
 from scheduler_policy.allocate import Allocation, allocate
-from scheduler_policy.budget import QueueBudget, growth_pool_gpus, pending_gpus, queue_budgets
+from scheduler_policy.budget import (
+    QueueBudget,
+    growth_pool_gpus,
+    pending_covered,
+    pending_gpus,
+    queue_budgets,
+    waiting_pool_gpus,
+)
 from scheduler_policy.errors import ConflictError, PermanentError, TemporaryError
 from scheduler_policy.job_table import JobTable
 from scheduler_policy.messages import DecisionBatch, DecisionContext
@@ -177,6 +185,7 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
         observation, policy, elastic_jobs=ready, pending=pending, forecast_headroom_gpus=forecasts
     )
     ready = [job for job in ready if job.queue in budgets]
+    covered = pending_covered(observation, pending)
     table = JobTable.build(
         ready,
         [models.curve(job, now_s=now_s) for job in ready],
@@ -187,15 +196,37 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
         table,
         budgets=budgets,
         growth_pool_gpus=growth_pool_gpus(observation, pending),
+        waiting_pool_gpus=waiting_pool_gpus(observation, pending),
         defaults=policy.defaults,
         objective=policy.objective,
+        trades=covered,
     )
     decisions, changes = _stabilized_decisions(
-        table, allocation, budgets=budgets, policy=policy, now_s=now_s
-    )
+        table, allocation, budgets=budgets, policy=policy, now_s=now_s,
+        leave_waiting=_leave_waiting(table, pending, covered=covered),
+    )  # fmt: skip
     decisions.extend(held)
     decisions.sort(key=lambda d: d.job)
     return Plan(decisions=tuple(decisions), changes=tuple(changes))
+
+
+_PENDING_EPSILON = 1e-9  # slack for float sums of fractional GPUs
+
+
+def _leave_waiting(
+    table: JobTable, pending: Mapping[QueueName, float], *, covered: bool
+) -> npt.NDArray[np.bool_]:
+    """Per job, whether replicas waiting for GPUs are left as asked rather than withdrawn.
+
+    They are while pending work claims more than the idle GPUs, all of it in the job's own
+    queue: Volcano starts pending gangs before it adds elastic pods, so the waiting replicas take
+    nothing from them. Pending work in another queue gets them withdrawn, since they would raise
+    their queue's request, and with it the deserved share Volcano's proportion plugin gives it.
+    """
+    total = sum(pending.values())
+    own = np.asarray([pending.get(q, 0.0) for q in table.queue_names], dtype=np.float64)
+    per_queue = (total - own <= _PENDING_EPSILON) & (not covered)
+    return per_queue[table.queue_index] if len(table.jobs) else np.zeros(0, dtype=bool)
 
 
 def _stabilized_decisions(
@@ -205,10 +236,19 @@ def _stabilized_decisions(
     budgets: dict[QueueName, QueueBudget],
     policy: ElasticPolicy,
     now_s: float,
+    leave_waiting: npt.NDArray[np.bool_],
 ) -> tuple[list[ScalingDecision], list[ReplicaChange]]:
+    # Withdrawing replicas that still wait for GPUs restarts nothing, so it is not damped: the
+    # damping chain starts from what the allocator keeps of them. Not within an interval of the
+    # job's last rescale, though: pods tide itself just added may not be bound yet.
+    spec, held, wanted = table.current, table.held, allocation.targets
+    recent = (now_s - table.last_rescale_s) < policy.interval_s  # NaN (never) compares False
+    kept = (wanted >= held) & leave_waiting
+    wanted = np.where(kept, np.maximum(wanted, spec), wanted)
+    start = np.where(recent | kept, spec, np.clip(wanted, held, spec))
     result = stabilize(
-        current=table.current,
-        recommended=allocation.targets,
+        current=start,
+        recommended=wanted,
         gains=allocation.gains,
         forced=allocation.forced,
         min_replicas=table.min_replicas,
@@ -223,7 +263,11 @@ def _stabilized_decisions(
     # allocation itself.
     jobs = table.jobs
     targets = result.targets.tolist()
-    reasons = [held or own for held, own in zip(result.held_by, allocation.reasons, strict=True)]
+    withdrawn = (result.targets < spec) & (result.targets >= held)
+    reasons = [
+        Reason.WITHDRAW_UNPLACED if out else (by or own)
+        for out, by, own in zip(withdrawn.tolist(), result.held_by, allocation.reasons, strict=True)
+    ]
     queue_budget = [budgets[q] for q in table.queue_names]
     batch = DecisionBatch(
         reasons=reasons,
@@ -241,7 +285,7 @@ def _stabilized_decisions(
         map(ScalingDecision, [j.key for j in jobs], table.current.tolist(), targets, reasons, whys)
     )
     changes: list[ReplicaChange] = []
-    for i in np.flatnonzero(result.memory_changed).tolist():
+    for i in np.flatnonzero(result.memory_changed | (result.targets != spec)).tolist():
         job, decision = jobs[i], decisions[i]
         message = whys[i].render()
         if decision.changes:

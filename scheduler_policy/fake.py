@@ -3,7 +3,8 @@
 It holds an observation, serves it back, records every write, and refuses a write whose
 ``from_replicas`` no longer matches (as the Volcano client's JSON-patch ``test`` would). As on a
 real cluster, new replicas take idle GPUs at once while removed ones hold theirs until their
-pods have terminated: ``settle()`` lets them go.
+pods have terminated: ``settle()`` lets them go. Replicas a job's spec asks for beyond its
+``scheduled_replicas`` hold nothing, so removing them frees nothing.
 """
 
 from __future__ import annotations
@@ -69,14 +70,17 @@ class FakeCluster:
             raise ConflictError(
                 f"job {change.job}: replicas are {job.current_replicas}, not {change.from_replicas}"
             )
-        delta_gpus = (change.to_replicas - change.from_replicas) * job.gpus_per_replica
-        if delta_gpus > 0:
-            self.free_gpus -= delta_gpus
-        else:
-            self.terminating_gpus -= delta_gpus
+        held, to = job.held_replicas, change.to_replicas
+        if to > change.from_replicas:
+            self.free_gpus -= (to - change.from_replicas) * job.gpus_per_replica
+        self.terminating_gpus += max(0, held - to) * job.gpus_per_replica
+        scheduled = job.scheduled_replicas
+        if scheduled is not None:  # new replicas are scheduled at once, removed ones go first
+            scheduled = min(scheduled, to) + max(0, to - change.from_replicas)
         self._jobs[change.job] = dataclasses.replace(
             job,
-            current_replicas=change.to_replicas,
+            current_replicas=to,
+            scheduled_replicas=scheduled,
             last_rescale_s=change.memory.last_rescale_s,
             recommendations=change.memory.recommendations,
         )

@@ -49,7 +49,8 @@ class JobTable:
         queue_index: each job's queue.
         min_replicas: each job's minimum (never below 0).
         max_replicas: each job's maximum (never below its minimum).
-        current: replicas now.
+        current: replicas now (the spec).
+        held: replicas that hold GPUs (``JobState.held_replicas``), at most ``current``.
         gpus_per_replica: GPUs per replica.
         restart_cost_s: seconds a restart costs (the policy default where the job sets none).
         remaining_samples: samples left, NaN where unknown or the curve is not measured.
@@ -64,6 +65,7 @@ class JobTable:
     min_replicas: IntArray
     max_replicas: IntArray
     current: IntArray
+    held: IntArray
     gpus_per_replica: FloatArray
     restart_cost_s: FloatArray
     remaining_samples: FloatArray
@@ -115,6 +117,7 @@ class JobTable:
             min_replicas=lo,
             max_replicas=np.maximum(field("max_replicas").astype(np.int64), lo),
             current=field("current_replicas").astype(np.int64),
+            held=field("held_replicas").astype(np.int64),
             gpus_per_replica=field("gpus_per_replica"),
             restart_cost_s=np.where(np.isnan(restart), default_restart_cost_s, restart),
             remaining_samples=np.where(measured, column(map(_REMAINING, jobs)), np.nan),

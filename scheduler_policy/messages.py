@@ -103,6 +103,11 @@ def decision_message(
             f"{queue}'s elastic jobs hold more than its budget of "
             f"{_gpus(budget.elastic_gpus)} GPU(s)"
         )
+    if reason is Reason.SHRINK_FOR_BETTER_USE:
+        return (
+            f"its last replicas would speed up other jobs of {queue} far more than they speed "
+            f"up this one; {target} replicas predicted {gain:+.0%}"
+        )
     if reason is Reason.SHRINK_LOW_EFFICIENCY:
         return f"the last replicas slow the job down; {target} replicas predicted {gain:+.0%}"
     if reason is Reason.RESTART_COST_EXCEEDS_GAIN:
@@ -129,6 +134,13 @@ def decision_message(
         )
     if reason is Reason.STABILIZATION_WINDOW:
         return f"wanted {recommended}; recent recommendations disagree, holding at {target}"
+    if reason is Reason.WITHDRAW_UNPLACED:
+        waiting = job.current_replicas - job.held_replicas
+        return (
+            f"withdrawing {job.current_replicas - target} of {waiting} replica(s) still waiting "
+            f"for GPUs, which restarts nothing; the job keeps the {job.held_replicas} it runs "
+            f"(more would not fit {queue}'s budget and idle GPUs, or not be worth a restart)"
+        )
     if reason is Reason.AT_TARGET:
         return f"{target} replicas fit {queue}'s budget and are worth their GPUs{curve}"
     return str(reason.value)

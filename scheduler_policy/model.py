@@ -101,6 +101,9 @@ class JobState:
         min_replicas: the fewest replicas the job runs with (its gang minimum).
         max_replicas: the most replicas the job may run with.
         current_replicas: ``spec.tasks[task].replicas`` now.
+        scheduled_replicas: pods of the task that Volcano has bound to a node (PodScheduled);
+            pods still waiting for GPUs do not count. None when unknown, taken as
+            ``current_replicas``.
         phase: the Volcano Job phase.
         elastic: whether tide may change the replicas.
         throughput_history: measured throughput, oldest first.
@@ -130,6 +133,18 @@ class JobState:
     recommendations: tuple[Recommendation, ...] = ()
     nonelastic_gpus: float = 0.0
     read_problems: tuple[str, ...] = ()
+    scheduled_replicas: int | None = None
+
+    @property
+    def held_replicas(self) -> int:
+        """Replicas that hold GPUs now: the scheduled ones, never more than the spec asks.
+
+        Pods beyond them wait for GPUs and have not joined the job: withdrawing them (lowering
+        the spec to this) costs no restart.
+        """
+        if self.scheduled_replicas is None:
+            return self.current_replicas
+        return max(0, min(self.current_replicas, self.scheduled_replicas))
 
     @property
     def gpus(self) -> float:
@@ -184,6 +199,7 @@ class Reason(str, enum.Enum):
     SHRINK_FOR_HEADROOM = "ShrinkForHeadroom"
     SHRINK_OVER_BUDGET = "ShrinkOverBudget"
     SHRINK_LOW_EFFICIENCY = "ShrinkLowEfficiency"
+    SHRINK_FOR_BETTER_USE = "ShrinkForBetterUse"
     AT_TARGET = "AtTarget"
     WITHIN_TOLERANCE = "WithinTolerance"
     RESTART_COST_EXCEEDS_GAIN = "RestartCostExceedsGain"
@@ -196,6 +212,7 @@ class Reason(str, enum.Enum):
     NOT_ELASTIC = "NotElastic"
     NOT_RUNNING = "NotRunning"
     QUEUE_NOT_MANAGED = "QueueNotManaged"
+    WITHDRAW_UNPLACED = "WithdrawUnplacedReplicas"
 
 
 class Explanation(Protocol):

@@ -14,6 +14,7 @@ The format mirrors the dataclasses in ``model`` with camelCase keys::
         minReplicas: 1             # a job's tide.io/* annotations, if given, override these
         maxReplicas: 8
         currentReplicas: 2
+        scheduledReplicas: 2       # pods bound to a node; the rest wait for GPUs (default: all)
         phase: Running
         elastic: true
         throughput: [{time: 1699999000, replicas: 2, samplesPerS: 190}]
@@ -58,9 +59,9 @@ _QUEUE = (
     "pendingNonelasticGpus",
 )  # fmt: skip
 _JOB = (
-    "key", "queue", "gpusPerReplica", "minReplicas", "maxReplicas", "currentReplicas", "phase",
-    "elastic", "task", "restartCost", "remainingSamples", "lastRescale", "annotations",
-    "throughput", "nonelasticGpus",
+    "key", "queue", "gpusPerReplica", "minReplicas", "maxReplicas", "currentReplicas",
+    "scheduledReplicas", "phase", "elastic", "task", "restartCost", "remainingSamples",
+    "lastRescale", "annotations", "throughput", "nonelasticGpus",
 )  # fmt: skip
 _POINT = ("time", "replicas", "samplesPerS")
 _PHASES = {phase.value: phase for phase in JobPhase}
@@ -129,6 +130,7 @@ def _job(value: object, path: str, problems: list[str]) -> JobState | None:
         min_replicas=j.get("minReplicas", 1, _count),
         max_replicas=j.get("maxReplicas", 1, _count),
         current_replicas=j.get("currentReplicas", 1, _count),
+        scheduled_replicas=j.get("scheduledReplicas", None, _count),
         phase=j.get("phase", JobPhase.RUNNING, _phase),
         elastic=j.get("elastic", False, boolean),
         task=j.get("task", "worker", nonempty_string),

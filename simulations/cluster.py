@@ -167,6 +167,7 @@ class SimulatedCluster(ClusterCore):
             min_replicas=job.spec.min_replicas,
             max_replicas=job.spec.max_replicas,
             current_replicas=job.spec_replicas,
+            scheduled_replicas=len(job.pods),
             phase=_PHASES[job.status],
             elastic=job.spec.elastic,
             last_rescale_s=job.memory.last_rescale_s,

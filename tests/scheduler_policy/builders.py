@@ -46,6 +46,7 @@ def make_job(
     remaining_samples: float | None = None,
     restart_cost_s: float | None = None,
     last_rescale_s: float | None = None,
+    scheduled: int | None = None,
 ) -> JobState:
     return JobState(
         key=JobKey(f"ns/{name}"),
@@ -60,6 +61,7 @@ def make_job(
         remaining_samples=remaining_samples,
         restart_cost_s=restart_cost_s,
         last_rescale_s=last_rescale_s,
+        scheduled_replicas=scheduled,
     )
 
 

@@ -9,6 +9,7 @@ import pytest
 from scheduler_policy.engine import decide
 from scheduler_policy.model import DemandPoint, JobKey, JobPhase, QueueName, Reason
 from scheduler_policy.models_cache import ModelCache
+from scheduler_policy.observation_file import load_observation
 from scheduler_policy.policy import Headroom, Objective, QueuePolicy
 from tests.scheduler_policy.builders import (
     NOW_S,
@@ -109,7 +110,19 @@ SCENARIOS = {
         make_policy(),
         {"linear": (4, Reason.SCALE_UP_FOR_IDLE_GPUS), "poor": (1, Reason.AT_TARGET)},
     ),
-    "running-replicas-are-not-taken-for-other-growth": (
+    "running-replicas-are-not-taken-for-growth-worth-as-much": (
+        make_observation(
+            make_job("a", current=1, sigma=0.0),
+            make_job("b", current=2, sigma=0.0),
+            queues=(make_queue(capability=3),),
+            free=4,
+        ),
+        make_policy(),
+        {"a": (1, Reason.AT_TARGET), "b": (2, Reason.AT_TARGET)},
+    ),
+    "running-replica-moves-to-growth-worth-twice-as-much": (
+        # linear's 2nd replica: +100%; poor's 3rd: +17%. The move costs two restarts, but
+        # the gain is six times as large.
         make_observation(
             make_job("linear", current=1, sigma=0.0),
             make_job("poor", current=3, sigma=0.4),
@@ -117,7 +130,7 @@ SCENARIOS = {
             free=4,
         ),
         make_policy(),
-        {"linear": (1, Reason.AT_TARGET), "poor": (3, Reason.AT_TARGET)},
+        {"linear": (2, Reason.SCALE_UP_FOR_IDLE_GPUS), "poor": (2, Reason.SHRINK_FOR_BETTER_USE)},
     ),
     "hold-under-tolerance": (
         make_observation(make_job("a", current=4, max_replicas=5, sigma=0.2), free=8),
@@ -267,3 +280,66 @@ def test_decisions_carry_a_message_naming_the_cause():
     (decision,) = decide(observation, policy, models=ModelCache()).decisions
     assert decision.job == JobKey("ns/a")
     assert "pending work needs 4 GPU(s) of queue q" in decision.message
+
+
+def test_replicas_waiting_for_gpus_are_withdrawn_not_made_room_for():
+    # "new" asks for 6 but Volcano placed 2: the 4 waiting hold no GPUs, so "old" is not shrunk
+    # to make room for them; with no idle GPU and no better use (new's 3rd replica, +22%, is
+    # not worth twice old's 6th, +20%), they are withdrawn.
+    observation = make_observation(
+        make_job("new", current=6, scheduled=2, sigma=0.3),
+        make_job("old", current=6, sigma=0.0),
+        queues=(make_queue(capability=8),),
+        free=0,
+    )
+    plan = decide(observation, make_policy(), models=ModelCache())
+    decisions = {d.job.removeprefix("ns/"): d for d in plan.decisions}
+    assert (decisions["new"].target_replicas, decisions["new"].reason) == (
+        2, Reason.WITHDRAW_UNPLACED,
+    )  # fmt: skip
+    assert decisions["old"].target_replicas == 6
+    assert "withdrawing 4 of 4 replica(s) still waiting for GPUs" in decisions["new"].message
+    (change,) = plan.changes
+    assert (change.job, change.from_replicas, change.to_replicas) == (JobKey("ns/new"), 6, 2)
+    assert change.memory.last_rescale_s is None  # no restart: the cooldown clock does not start
+
+
+def test_withdrawal_skips_damping_but_waits_one_interval_after_a_rescale():
+    job = make_job("a", current=6, scheduled=2, last_rescale_s=NOW_S - 120)
+    observation = make_observation(job, queues=(make_queue(capability=2),), free=0)
+    damped = make_policy(cooldown_s=3600.0, window_down_s=3600.0, max_step_down=1)
+    (decision,) = decide(observation, damped, models=ModelCache()).decisions
+    assert (decision.target_replicas, decision.reason) == (2, Reason.WITHDRAW_UNPLACED)
+    # Rescaled 30 s ago (tide's own growth may not be scheduled yet): no withdrawal.
+    just_grown = make_observation(
+        dataclasses.replace(job, last_rescale_s=NOW_S - 30),
+        queues=(make_queue(capability=2),),
+        free=0,
+    )
+    (decision,) = decide(just_grown, damped, models=ModelCache()).decisions
+    assert decision.target_replicas == 6
+
+
+def test_waiting_replicas_stay_while_pending_work_claims_the_idle_gpus():
+    # Volcano starts the pending gang before it adds elastic pods: the 4 waiting replicas take
+    # nothing from it, so they are left as asked rather than withdrawn.
+    observation = make_observation(
+        make_job("new", current=6, scheduled=2, sigma=0.3),
+        make_job("old", current=4, sigma=0.0),
+        queues=(make_queue(capability=8, pending=2),),
+        free=1,
+    )
+    decisions = {d.job.removeprefix("ns/"): d for d in decide(
+        observation, make_policy(), models=ModelCache()).decisions}  # fmt: skip
+    assert decisions["new"].target_replicas == 6
+
+
+def test_observation_file_reads_scheduled_replicas(tmp_path):
+    path = tmp_path / "obs.yaml"
+    path.write_text(
+        "time: 1000\nclusterFreeGpus: 0\nqueues: [{name: q, capabilityGpus: 8}]\n"
+        "jobs:\n  - {key: ns/a, queue: q, currentReplicas: 6, scheduledReplicas: 2,"
+        " minReplicas: 1, maxReplicas: 8, elastic: true}\n"
+    )
+    (job,) = load_observation(path).jobs
+    assert (job.current_replicas, job.held_replicas) == (6, 2)

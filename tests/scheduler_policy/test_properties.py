@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from scheduler_policy.engine import decide, reconcile
 from scheduler_policy.fake import FakeCluster
-from scheduler_policy.model import JobPhase, Observation
+from scheduler_policy.model import JobPhase, Observation, Reason
 from scheduler_policy.models_cache import ModelCache
 from scheduler_policy.policy import ElasticPolicy
 from tests.scheduler_policy.builders import (
@@ -36,6 +36,7 @@ def scenarios(draw: st.DrawFn) -> tuple[Observation, ElasticPolicy]:
     for i in range(draw(st.integers(0, 8))):
         lo = draw(st.integers(0, 4))
         hi = draw(st.integers(lo, 10))
+        current = draw(st.integers(lo, 12))
         jobs.append(
             make_job(
                 f"j{i}",
@@ -45,7 +46,9 @@ def scenarios(draw: st.DrawFn) -> tuple[Observation, ElasticPolicy]:
                 max_replicas=hi,
                 # Volcano's webhook refuses replicas below the gang minimum; a job raised to
                 # its minimum is a scenario of its own in test_decide.
-                current=draw(st.integers(lo, 12)),
+                current=current,
+                # Pods beyond the scheduled ones wait for GPUs.
+                scheduled=draw(st.one_of(st.none(), st.integers(0, current))),
                 elastic=draw(st.booleans()),
                 phase=draw(st.sampled_from([JobPhase.RUNNING, JobPhase.RUNNING, JobPhase.PENDING])),
                 sizes=tuple(sorted(draw(st.sets(st.integers(1, 8), max_size=3)))),
@@ -83,13 +86,19 @@ def test_targets_respect_bounds_budgets_and_idle_gpus(scenario):
     for d in moved:
         job = jobs[d.job]
         assert job.min_replicas <= d.target_replicas <= job.max_replicas
-    # Raising a job to its own minimum is its gang, not elastic growth.
+    # New pods asked for (raising a job to its own minimum is its gang, not elastic growth)
+    # take idle GPUs, or GPUs other jobs give up for them.
     growth = sum(
         max(0, d.target_replicas - max(d.current_replicas, jobs[d.job].min_replicas))
         * jobs[d.job].gpus_per_replica
         for d in moved
     )
-    assert growth <= observation.cluster_free_gpus + 1e-9
+    traded = sum(
+        max(0, jobs[d.job].held_replicas - d.target_replicas) * jobs[d.job].gpus_per_replica
+        for d in moved
+        if d.reason is Reason.SHRINK_FOR_BETTER_USE
+    )
+    assert growth <= observation.cluster_free_gpus + traded + 1e-9
     targets = {d.job: d.target_replicas for d in plan.decisions}
     for queue in observation.queues:
         in_queue = [j for j in observation.jobs if j.queue == queue.name and not j.phase.finished]
