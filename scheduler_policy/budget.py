@@ -10,6 +10,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from scheduler_policy.model import JobPhase, JobState, Observation, QueueName, QueueState, Reason
 from scheduler_policy.policy import ElasticPolicy
 
@@ -110,6 +112,41 @@ def waiting_pool_gpus(observation: Observation, pending: Mapping[QueueName, floa
     return max(0.0, free - sum(pending.values()))
 
 
+def _pending_needs(
+    observation: Observation, pending: Mapping[QueueName, float]
+) -> dict[QueueName, list[float]]:
+    """What each pending job of each queue needs to start, GPUs; pending work the jobs do not
+    account for (pods outside Volcano Jobs) is one more need of the queue."""
+    needs: dict[QueueName, list[float]] = defaultdict(list)
+    for job in observation.jobs:
+        if job.phase is not JobPhase.PENDING or job.queue not in pending or job.spec_problems():
+            continue
+        replicas = max(job.min_replicas, 1) if job.elastic else job.current_replicas
+        needs[job.queue].append(replicas * job.gpus_per_replica + job.nonelastic_gpus)
+    for name, total in pending.items():
+        rest = total - sum(needs[name])
+        if rest > 1e-9:
+            needs[name].append(rest)
+    return needs
+
+
+def _yield_gpus(needs: list[float], *, free: float, spare: float) -> float:
+    """GPUs a borrowing queue gives back so that other queues' pending jobs can start.
+
+    Volcano starts whatever pending jobs fit, so the smallest start first: the queue gives back
+    what, with the idle GPUs, starts as many of them as its ``spare`` GPUs (what it holds above
+    its floor) allow. Nothing when not even the smallest would start: GPUs given back for work
+    they cannot start would sit idle, reserved, while the queue's jobs run slower.
+    """
+    if not needs or spare <= 0:
+        return 0.0
+    total = np.cumsum(np.sort(np.asarray(needs, dtype=np.float64)))
+    startable = total[total <= free + spare + 1e-9]
+    if not len(startable):
+        return 0.0
+    return max(0.0, float(startable[-1]) - free)
+
+
 def queue_budgets(
     observation: Observation,
     policy: ElasticPolicy,
@@ -129,10 +166,11 @@ def queue_budgets(
     work and elastic minimums hold. Volcano's proportion plugin sizes deserved shares by what
     each queue requests, so elastic growth raises the growing queue's share at the expense of
     the others'; giving the growth back gracefully is better than the abrupt kill of a reclaim,
-    and better than leaving a whole job queued for one more replica's speedup. It yields only
-    when giving back covers the shortfall: GPUs freed for work they still cannot start would sit
-    idle while the queue's jobs run slower. (With several borrowing queues each gives up to the
-    whole shortfall: it errs toward the pending work.)
+    and better than leaving a whole job queued for one more replica's speedup. It gives back
+    what starts the most pending jobs, smallest first (Volcano starts whatever fits), and
+    nothing when not even the smallest would start: GPUs freed for work they still cannot start
+    would sit idle while the queue's jobs run slower. (With several borrowing queues each gives
+    up to the whole amount: it errs toward the pending work.)
 
     Args:
         observation: the cluster now.
@@ -161,7 +199,7 @@ def queue_budgets(
             elastic_min[name] += job.min_replicas * gpr
         elif phase is not JobPhase.PENDING:
             held[name] += job.current_replicas * gpr + job.nonelastic_gpus
-    total_pending = sum(pending.values())
+    needs = _pending_needs(observation, pending)
     # GPUs of terminating pods are already on their way to the pending work: counting them
     # keeps one shortfall from shrinking a job each round until the pods are gone.
     free = max(0.0, observation.cluster_free_gpus) + max(0.0, observation.releasing_gpus)
@@ -179,11 +217,12 @@ def queue_budgets(
             limit = capability
             used = held_q + elastic_used.get(queue.name, 0.0)
             floor = max(queue.guarantee_gpus, held_q + elastic_min.get(queue.name, 0.0))
-            others_short = max(0.0, total_pending - pending_q - free)
-            # Yield only what lets the pending work start: GPUs given back for work they cannot
-            # start would sit idle, reserved, while the queue's jobs run slower.
-            if 0 < others_short <= used - floor:
-                give = min(others_short, used - floor)
+            give = _yield_gpus(
+                [n for name, items in needs.items() if name != queue.name for n in items],
+                free=free,
+                spare=used - floor,
+            )
+            if give > 0:
                 limit = min(limit, used - give)
                 claimed += give
         else:

@@ -86,6 +86,23 @@ SCENARIOS = {
         make_policy("research", "prod", borrow=True),
         {"a": (8, Reason.AT_TARGET)},
     ),
+    "yield-that-starts-the-pending-jobs-it-can": (
+        # prod waits with jobs of 2, 2 and 8 GPUs; research can give 4 above its minimum: with
+        # the idle GPU that starts the two small jobs (3 given back), not the 8-GPU one.
+        make_observation(
+            make_job("a", queue="research", current=8, min_replicas=4),
+            make_job("p1", queue="prod", current=2, phase=JobPhase.PENDING, elastic=False),
+            make_job("p2", queue="prod", current=8, phase=JobPhase.PENDING, elastic=False),
+            make_job("p3", queue="prod", current=2, phase=JobPhase.PENDING, elastic=False),
+            queues=(
+                make_queue("research", capability=16, deserved=4),
+                make_queue("prod", capability=16, deserved=12, pending=12),
+            ),
+            free=1,
+        ),
+        make_policy("research", "prod", borrow=True),
+        {"a": (5, Reason.SHRINK_FOR_PENDING_WORK)},
+    ),
     "headroom-kept-free": (
         make_observation(make_job("a", current=2), queues=(make_queue(capability=8),), free=8),
         make_policy(headroom_gpus=3),
