@@ -246,9 +246,21 @@ def _trade(
     take = np.flatnonzero(~accepted & growth)
     if not len(give) or not len(take):
         return False
-    # Givers least valuable first within each queue; takers are already best first.
-    give = give[np.argsort(item_value[give], kind="stable")]
+    # Givers least valuable first within each queue: reversed, they are by queue descending and
+    # value ascending, and a stable sort on the queue (a radix sort) puts the queues back in
+    # order. Takers are already best first.
+    give = give[::-1]
     give = give[np.argsort(item_queue[give], kind="stable")]
+    # Only takers worth more than the factor times their queue's least valuable giver can trade
+    # at all (a prefix of each queue's takers): most growth is ruled out here, cheaply.
+    give_queue = item_queue[give]
+    first_give = np.minimum(np.searchsorted(give_queue, np.arange(queues)), len(give) - 1)
+    least = np.where(
+        give_queue[first_give] == np.arange(queues), item_value[give[first_give]], np.inf
+    )
+    take = take[item_value[take] > factor * least[item_queue[take]]]
+    if not len(take):
+        return False
     span = float(item_gpus.sum()) + 1.0  # separates the queues on one cumulative axis
 
     def cumulative(idx: IntArray) -> FloatArray:

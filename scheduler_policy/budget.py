@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from scheduler_policy.model import JobPhase, JobState, Observation, QueueName, QueueState, Reason
 from scheduler_policy.policy import ElasticPolicy
@@ -130,17 +131,28 @@ def _pending_needs(
     return needs
 
 
-def _yield_gpus(needs: list[float], *, free: float, spare: float) -> float:
-    """GPUs a borrowing queue gives back so that other queues' pending jobs can start.
+def _sorted_needs(
+    needs: Mapping[QueueName, list[float]],
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.object_]]:
+    """Every pending need, smallest first, and the queue of each."""
+    pairs = sorted((need, name) for name, items in needs.items() for need in items)
+    owners = np.empty(len(pairs), dtype=object)
+    owners[:] = [p[1] for p in pairs]
+    return np.asarray([p[0] for p in pairs], dtype=np.float64), owners
+
+
+def _yield_gpus(needs: npt.NDArray[np.float64], *, free: float, spare: float) -> float:
+    """GPUs a borrowing queue gives back so that other queues' pending jobs (``needs``, sorted
+    smallest first) can start.
 
     Volcano starts whatever pending jobs fit, so the smallest start first: the queue gives back
     what, with the idle GPUs, starts as many of them as its ``spare`` GPUs (what it holds above
     its floor) allow. Nothing when not even the smallest would start: GPUs given back for work
     they cannot start would sit idle, reserved, while the queue's jobs run slower.
     """
-    if not needs or spare <= 0:
+    if not len(needs) or spare <= 0:
         return 0.0
-    total = np.cumsum(np.sort(np.asarray(needs, dtype=np.float64)))
+    total = np.cumsum(needs)  # smallest first
     startable = total[total <= free + spare + 1e-9]
     if not len(startable):
         return 0.0
@@ -195,11 +207,16 @@ def queue_budgets(
             held[name] += job.nonelastic_gpus
             # Replicas still waiting for GPUs hold none: counting them would shrink a running
             # job to make room that is not needed (the allocator withdraws them instead).
-            elastic_used[name] += job.held_replicas * gpr
+            scheduled = job.scheduled_replicas  # inline held_replicas: this runs per job
+            held_replicas = job.current_replicas
+            if scheduled is not None:
+                held_replicas = max(0, min(held_replicas, scheduled))
+            elastic_used[name] += held_replicas * gpr
             elastic_min[name] += job.min_replicas * gpr
         elif phase is not JobPhase.PENDING:
             held[name] += job.current_replicas * gpr + job.nonelastic_gpus
-    needs = _pending_needs(observation, pending)
+    total_pending = sum(pending.values())
+    needs: tuple[npt.NDArray[np.float64], npt.NDArray[np.object_]] | None = None  # when needed
     # GPUs of terminating pods are already on their way to the pending work: counting them
     # keeps one shortfall from shrinking a job each round until the pods are gone.
     free = max(0.0, observation.cluster_free_gpus) + max(0.0, observation.releasing_gpus)
@@ -217,11 +234,13 @@ def queue_budgets(
             limit = capability
             used = held_q + elastic_used.get(queue.name, 0.0)
             floor = max(queue.guarantee_gpus, held_q + elastic_min.get(queue.name, 0.0))
-            give = _yield_gpus(
-                [n for name, items in needs.items() if name != queue.name for n in items],
-                free=free,
-                spare=used - floor,
-            )
+            give = 0.0
+            if total_pending - pending_q > free:  # others' pending work does not fit the idle
+                if needs is None:
+                    needs = _sorted_needs(_pending_needs(observation, pending))
+                sizes, owners = needs
+                others = sizes[owners != queue.name]
+                give = _yield_gpus(others, free=free, spare=used - floor)
             if give > 0:
                 limit = min(limit, used - give)
                 claimed += give

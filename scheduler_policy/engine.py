@@ -263,11 +263,9 @@ def _stabilized_decisions(
     # allocation itself.
     jobs = table.jobs
     targets = result.targets.tolist()
-    withdrawn = (result.targets < spec) & (result.targets >= held)
-    reasons = [
-        Reason.WITHDRAW_UNPLACED if out else (by or own)
-        for out, by, own in zip(withdrawn.tolist(), result.held_by, allocation.reasons, strict=True)
-    ]
+    reasons = [by or own for by, own in zip(result.held_by, allocation.reasons, strict=True)]
+    for i in np.flatnonzero((result.targets < spec) & (result.targets >= held)).tolist():
+        reasons[i] = Reason.WITHDRAW_UNPLACED
     queue_budget = [budgets[q] for q in table.queue_names]
     batch = DecisionBatch(
         reasons=reasons,
@@ -285,17 +283,19 @@ def _stabilized_decisions(
         map(ScalingDecision, [j.key for j in jobs], table.current.tolist(), targets, reasons, whys)
     )
     changes: list[ReplicaChange] = []
-    for i in np.flatnonzero(result.memory_changed | (result.targets != spec)).tolist():
+    log_changes = logger.isEnabledFor(logging.INFO)
+    written = np.flatnonzero(result.memory_changed | (result.targets != spec)).tolist()
+    for i, memory in zip(written, result.memories(written), strict=True):
         job, decision = jobs[i], decisions[i]
-        message = whys[i].render()
-        if decision.changes:
+        if decision.changes and log_changes:
             logger.info(
                 "job %s: %d -> %d %s: %s",
-                job.key, job.current_replicas, decision.target_replicas, reasons[i].value, message,
+                job.key, job.current_replicas, decision.target_replicas, reasons[i].value,
+                whys[i].render(),
             )  # fmt: skip
         changes.append(
             ReplicaChange(job.key, job.task, job.current_replicas, decision.target_replicas,
-                          result.memory(i), reasons[i], message)
+                          memory, reasons[i], whys[i])
         )  # fmt: skip
     return decisions, changes
 

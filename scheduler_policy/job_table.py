@@ -20,6 +20,13 @@ _RESTART = attrgetter("restart_cost_s")
 _REMAINING = attrgetter("remaining_samples")
 _LAST_RESCALE = attrgetter("last_rescale_s")
 _MEASURED = attrgetter("measured")
+_SCHEDULED = attrgetter("scheduled_replicas")
+
+
+def _held(current: FloatArray, scheduled: FloatArray) -> IntArray:
+    """``JobState.held_replicas`` for every job at once (NaN scheduled: unknown, all held)."""
+    held = np.where(np.isnan(scheduled), current, np.clip(scheduled, 0.0, current))
+    return held.astype(np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +124,7 @@ class JobTable:
             min_replicas=lo,
             max_replicas=np.maximum(field("max_replicas").astype(np.int64), lo),
             current=field("current_replicas").astype(np.int64),
-            held=field("held_replicas").astype(np.int64),
+            held=_held(field("current_replicas"), column(map(_SCHEDULED, jobs))),
             gpus_per_replica=field("gpus_per_replica"),
             restart_cost_s=np.where(np.isnan(restart), default_restart_cost_s, restart),
             remaining_samples=np.where(measured, column(map(_REMAINING, jobs)), np.nan),

@@ -12,6 +12,7 @@ from typing import Protocol
 
 from scheduler_policy.model import (
     DemandPoint,
+    Explanation,
     JobKey,
     JobMemory,
     JobState,
@@ -56,7 +57,8 @@ class ReplicaChange:
         to_replicas: the replicas to set (equal to ``from_replicas`` for a memory-only write).
         memory: the stabilizer's memory to store on the job.
         reason: why, CamelCase.
-        message: why, for people.
+        why: the sentence for people, or what renders it when read (``message``): most
+            writes of a large round are never logged, so they are never formatted.
     """
 
     job: JobKey
@@ -65,7 +67,12 @@ class ReplicaChange:
     to_replicas: int
     memory: JobMemory
     reason: Reason
-    message: str
+    why: str | Explanation
+
+    @property
+    def message(self) -> str:
+        """Why, for people."""
+        return self.why if isinstance(self.why, str) else self.why.render()
 
 
 class MetricsSource(Protocol):

@@ -14,6 +14,7 @@ store it on the Volcano Job and survive its own restarts (STYLE.md 12; HPA keeps
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -180,13 +181,18 @@ class Stabilized:
     recommendations: tuple[tuple[Recommendation, ...], ...]
     memory_changed: BoolArray
 
+    def memories(self, indices: Sequence[int]) -> list[JobMemory]:
+        """The memories of jobs ``indices`` after this round, as stored on the jobs."""
+        lasts = self.last_rescale_s[list(indices)].tolist()
+        recs = self.recommendations
+        return [
+            JobMemory(None if math.isnan(last) else last, recs[i])
+            for i, last in zip(indices, lasts, strict=True)
+        ]
+
     def memory(self, index: int) -> JobMemory:
         """Job ``index``'s memory after this round, as stored on the job."""
-        last = float(self.last_rescale_s[index])
-        return JobMemory(
-            last_rescale_s=None if np.isnan(last) else last,
-            recommendations=self.recommendations[index],
-        )
+        return self.memories([index])[0]
 
 
 def stabilize(
@@ -308,10 +314,24 @@ def remember(
         The new recommendation changes, and where they differ from the old.
     """
     out = list(recommendations)
-    changed = np.zeros(len(recommendations), dtype=bool)
+    count = len(recommendations)
+    changed = np.zeros(count, dtype=bool)
     oldest = now_s - keep_s
     wanted = recommended.tolist()
-    for i, recs in enumerate(recommendations):
+    # The steady state, found for all jobs at once: one change, still in force.
+    lengths = np.fromiter(map(len, recommendations), dtype=np.int64, count=count)
+    last = np.fromiter(
+        (recs[-1][1] if recs else -1 for recs in recommendations), dtype=np.int64, count=count
+    )
+    since = np.fromiter(
+        (recs[-1][0] if recs else np.inf for recs in recommendations), dtype=np.float64, count=count
+    )
+    if keep_s > 0:
+        steady = (lengths == 1) & (last == recommended) & (since <= now_s)
+    else:
+        steady = lengths == 0
+    for i in np.flatnonzero(~steady).tolist():
+        recs = recommendations[i]
         replicas = wanted[i]
         if keep_s <= 0:
             kept: tuple[Recommendation, ...] = ()
