@@ -10,12 +10,12 @@ non-increasing in k (a running minimum), so taking increments in order of value 
 job's (k+1)-th replica before its k-th.
 
 Increments a job holds (k ≤ its scheduled replicas) come first: a running replica is given up
-when its queue's budget cannot hold it, or for another job's growth in its queue worth at least
-twice as much (a trade costs two restarts). Growth increments (k > held) are taken only while the
-time they save over the job's expected remaining run exceeds its restart cost, and only from the
-idle GPUs left after pending work, or from such trades. Replicas a job's spec asks for that
-Volcano has not scheduled (waiting for GPUs) are growth like any other: they hold nothing, so
-withdrawing them costs nothing.
+when its queue's budget cannot hold it, or for a replica another job of its queue asks for and
+waits for that is worth at least twice as much (a trade costs two restarts). Growth increments
+(k > held) are taken only while the time they save over the job's expected remaining run exceeds
+its restart cost, and only from the idle GPUs left after pending work, or from such trades.
+Replicas a job's spec asks for that Volcano has not scheduled (waiting for GPUs) are growth like
+any other: they hold nothing, so withdrawing them costs nothing.
 
 Per queue, increments are taken in order while their GPUs fit the budget; the first that does not
 fit ends the queue's turn (a prefix, which keeps the greedy vectorisable and never overfills).
@@ -23,7 +23,7 @@ fit ends the queue's turn (a prefix, which keeps the greedy vectorisable and nev
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,7 +81,7 @@ def allocate(
     defaults: Defaults,
     waiting_pool_gpus: float | None = None,
     objective: Objective = Objective.COMPLETION_TIME,
-    trades: bool = True,
+    trade_queues: Collection[QueueName] | None = None,
 ) -> Allocation:
     """Decide a target for every running elastic job.
 
@@ -94,8 +94,8 @@ def allocate(
             scheduled, may keep (idle and terminating); None for ``growth_pool_gpus``.
         defaults: the policy's defaults (assumed remaining time).
         objective: what increments are ranked by (see ``Objective``).
-        trades: whether running replicas may move to other jobs' growth; False while pending
-            work claims more than the idle GPUs (what a replica gives up would go to it).
+        trade_queues: the queues where running replicas may move to other jobs' growth (where
+            a replica given up would reach the grower: ``budget.trade_queues``); None for all.
 
     Returns:
         Targets within [min, max] that fit every budget, with reasons.
@@ -198,8 +198,12 @@ def allocate(
         pool = max(0.0, growth_pool_gpus)
 
     traded = _trade(
-        accepted=accepted, growth=growth, item_queue=item_queue, item_gpus=item_gpus,
-        item_value=item_value, queues=len(first), factor=_TRADE_FACTOR if trades else np.inf,
+        accepted=accepted, givers=accepted & ~growth, takers=~accepted & growth & asked,
+        item_queue=item_queue, item_gpus=item_gpus,
+        item_value=item_value, queues=len(first), factor=_TRADE_FACTOR,
+        allowed=None if trade_queues is None else np.asarray(
+            [q in trade_queues for q in table.queue_names], dtype=bool
+        ),
     )  # fmt: skip
     given = kept & ~accepted
     targets = lo + np.bincount(rows[accepted], minlength=count)
@@ -222,28 +226,34 @@ def allocate(
 def _trade(
     *,
     accepted: BoolArray,
-    growth: BoolArray,
+    givers: BoolArray,
+    takers: BoolArray,
     item_queue: IntArray,
     item_gpus: FloatArray,
     item_value: FloatArray,
     queues: int,
     factor: float,
+    allowed: BoolArray | None = None,
 ) -> bool:
-    """Move running replicas to growth worth ``factor`` times more, within each queue.
+    """Move running replicas to waiting ones worth ``factor`` times more, within each queue.
 
-    ``accepted`` is updated in place. Items come sorted by (queue, growth, −value). Growth
-    the idle GPUs could not take is paired, best first, with the queue's least valuable running
-    replicas, GPU for GPU; a growth item is taken while its value exceeds ``factor`` times the
-    most valuable replica it displaces. Both sequences are monotone, so what is taken is a
-    prefix of each.
+    ``accepted`` is updated in place. Items come sorted by (queue, growth, −value); only those
+    of ``allowed`` queues (all when None) trade. ``takers`` (replicas a job's spec asks for that
+    wait for GPUs the idle pool could not give) are paired, best first, with ``givers`` (the
+    queue's running replicas), least valuable first, GPU for GPU; a taker is taken while its
+    value exceeds ``factor`` times the most valuable replica it displaces. Both sequences are
+    monotone, so what is taken is a prefix of each. Only waiting replicas take: growth beyond
+    the spec would move on before its giver's damped shrink does, and a second round on the
+    same cluster would then trade again.
 
     Returns:
         Whether any replica was given up.
     """
     if not np.isfinite(factor):
         return False
-    give = np.flatnonzero(accepted & ~growth)
-    take = np.flatnonzero(~accepted & growth)
+    candidates = np.ones(len(accepted), dtype=bool) if allowed is None else allowed[item_queue]
+    give = np.flatnonzero(givers & candidates)
+    take = np.flatnonzero(takers & candidates)
     if not len(give) or not len(take):
         return False
     # Givers least valuable first within each queue: reversed, they are by queue descending and

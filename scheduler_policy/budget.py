@@ -93,6 +93,36 @@ def pending_covered(observation: Observation, pending: Mapping[QueueName, float]
     return sum(pending.values()) <= max(0.0, observation.cluster_free_gpus)
 
 
+def trade_queues(
+    observation: Observation,
+    pending: Mapping[QueueName, float],
+    budgets: Mapping[QueueName, QueueBudget],
+    held_elastic_gpus: Mapping[QueueName, float],
+) -> set[QueueName]:
+    """The queues where a replica one job gives up reaches another job's growth.
+
+    Pending work takes a freed GPU first. Other queues' pending work must fit the idle GPUs. The
+    queue's own must too, unless its budget binds (its elastic jobs hold all of it): then its
+    pending work is set aside in the budget and gets its GPUs from the shrinks the budget forces.
+    (Terminating GPUs do not count: a second round on the same cluster must not trade where the
+    first did not.)
+
+    Args:
+        observation: the cluster now.
+        pending: GPUs each queue's pending work needs.
+        budgets: each managed queue's budget.
+        held_elastic_gpus: GPUs each queue's elastic jobs hold.
+    """
+    free = max(0.0, observation.cluster_free_gpus)
+    total = sum(pending.values())
+    out = set()
+    for name, budget in budgets.items():
+        binds = held_elastic_gpus.get(name, 0.0) >= budget.elastic_gpus - 1e-9
+        if total - (pending.get(name, 0.0) if binds else 0.0) <= free:
+            out.add(name)
+    return out
+
+
 def growth_pool_gpus(observation: Observation, pending: Mapping[QueueName, float]) -> float:
     """Idle GPUs that elastic growth may take this round, across all queues.
 

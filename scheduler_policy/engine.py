@@ -24,6 +24,7 @@ from scheduler_policy.budget import (
     pending_covered,
     pending_gpus,
     queue_budgets,
+    trade_queues,
     waiting_pool_gpus,
 )
 from scheduler_policy.errors import ConflictError, PermanentError, TemporaryError
@@ -192,6 +193,9 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
         queue_names=list(budgets),
         default_restart_cost_s=policy.defaults.restart_cost_s,
     )
+    held_gpus = np.bincount(
+        table.queue_index, weights=table.held * table.gpus_per_replica, minlength=len(budgets)
+    ).tolist()
     allocation = allocate(
         table,
         budgets=budgets,
@@ -199,7 +203,9 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
         waiting_pool_gpus=waiting_pool_gpus(observation, pending),
         defaults=policy.defaults,
         objective=policy.objective,
-        trades=covered,
+        trade_queues=trade_queues(
+            observation, pending, budgets, dict(zip(table.queue_names, held_gpus, strict=True))
+        ),
     )
     decisions, changes = _stabilized_decisions(
         table, allocation, budgets=budgets, policy=policy, now_s=now_s,

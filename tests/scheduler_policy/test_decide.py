@@ -137,11 +137,21 @@ SCENARIOS = {
         make_policy(),
         {"a": (1, Reason.AT_TARGET), "b": (2, Reason.AT_TARGET)},
     ),
-    "running-replica-moves-to-growth-worth-twice-as-much": (
-        # linear's 2nd replica: +100%; poor's 3rd: +17%. The move costs two restarts, but
-        # the gain is six times as large.
+    "running-replicas-are-not-taken-for-growth-beyond-the-spec": (
         make_observation(
             make_job("linear", current=1, sigma=0.0),
+            make_job("poor", current=3, sigma=0.4),
+            queues=(make_queue(capability=4),),
+            free=4,
+        ),
+        make_policy(),
+        {"linear": (1, Reason.AT_TARGET), "poor": (3, Reason.AT_TARGET)},
+    ),
+    "running-replica-moves-to-a-waiting-one-worth-twice-as-much": (
+        # linear's 2nd replica waits for a GPU: +100%; poor's 3rd: +17%. The move costs two
+        # restarts, but the gain is six times as large.
+        make_observation(
+            make_job("linear", current=2, scheduled=1, sigma=0.0),
             make_job("poor", current=3, sigma=0.4),
             queues=(make_queue(capability=4),),
             free=4,
