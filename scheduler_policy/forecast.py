@@ -160,7 +160,10 @@ class DemandForecaster(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
         rows = n - h
         holdout = min(round(_DAY_S / self.step_s), rows // 4)
         train_end = rows - holdout - h  # h points between keep training targets off the holdout
-        if holdout >= h and train_end >= self.min_history_points:
+        # The held-out check needs the daily lag known somewhere in its training rows too: an
+        # all-NaN column cannot be binned.
+        lag_known = not self.use_daily_lag_ or train_end > round(_DAY_S / self.step_s)
+        if holdout >= h and train_end >= self.min_history_points and lag_known:
             model = self._fit_model(features[:train_end], rise[:train_end])
             test = slice(rows - holdout, rows)
             forecast = self.history_[test] + np.maximum(model.predict(features[test]), 0.0)

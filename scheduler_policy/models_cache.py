@@ -33,7 +33,7 @@ class _FittedForecast:
     fitted_at_s: float
     quantile: float
     horizon_s: float
-    forecaster: DemandForecaster
+    forecaster: DemandForecaster | None  # None: the fit failed; no headroom until the next
 
 
 @dataclass(slots=True)
@@ -116,16 +116,23 @@ class ModelCache:
             or cached.quantile != quantile
             or cached.horizon_s != headroom.horizon_s
         ):
+            forecaster: DemandForecaster | None
             try:
                 forecaster = DemandForecaster.from_points(
                     queue.demand_history, quantile=quantile, horizon_s=headroom.horizon_s
                 )
             except (ModelFitError, ValueError) as e:
-                logger.warning("queue %s: demand forecast failed, no headroom: %s", queue.name, e)
-                return 0.0
+                # Remembered like a fit, so the next try (and warning) waits for the refit time.
+                logger.warning(
+                    "queue %s: demand forecast failed, no headroom until the next refit: %s",
+                    queue.name, e,
+                )  # fmt: skip
+                forecaster = None
             self.forecast_fits += 1
             cached = _FittedForecast(now_s, quantile, headroom.horizon_s, forecaster)
             self._forecasts[queue.name] = cached
+        if cached.forecaster is None:
+            return 0.0
         return max(0.0, float(cached.forecaster.forecast_at(now_s)))
 
     def forget(self, keep: set[JobKey]) -> None:

@@ -161,3 +161,38 @@ def test_coverage_on_a_held_out_helios_day(vc: str) -> None:
     model = DemandForecaster(quantile=0.9).fit(t[window, None], demand[window])
     assert not model.fallback_
     assert model.coverage_ is not None and abs(model.coverage_ - 0.9) <= 0.1
+
+
+@pytest.mark.parametrize("points", [310, 330, 350])
+def test_a_day_and_a_bit_of_history_fits(points: int) -> None:
+    # Just over a day of 5-minute points: the daily lag is a feature, but the held-out check's
+    # training rows all lie within the first day, where it is unknown (an all-NaN column that
+    # gradient boosting cannot bin). The fit must still succeed.
+    history = [DemandPoint(1000.0 + 300.0 * i, float((i * 7) % 11)) for i in range(points)]
+    model = DemandForecaster.from_points(history, quantile=0.9, horizon_s=1800)
+    assert not model.fallback_
+    assert model.forecast_at(history[-1].time_s) >= history[-1].gpus
+
+
+def test_a_failed_forecast_is_not_retried_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    from scheduler_policy.errors import ModelFitError
+    from scheduler_policy.model import QueueName, QueueState
+    from scheduler_policy.models_cache import ModelCache
+    from scheduler_policy.policy import Headroom
+
+    calls = []
+
+    def failing(points: object, **hyper: object) -> DemandForecaster:
+        calls.append(1)
+        raise ModelFitError("boom")
+
+    monkeypatch.setattr(DemandForecaster, "from_points", failing)
+    history = tuple(DemandPoint(60.0 * i, 1.0) for i in range(10))
+    queue = QueueState(QueueName("q"), 8.0, 8.0, 0.0, 0.0, 0.0, demand_history=history)
+    cache = ModelCache(refit_s=600.0)
+    headroom = Headroom(forecast_quantile=0.9)
+    assert cache.forecast_gpus(queue, headroom, now_s=1000.0) == 0.0
+    assert cache.forecast_gpus(queue, headroom, now_s=1060.0) == 0.0  # not refitted
+    assert len(calls) == 1
+    assert cache.forecast_gpus(queue, headroom, now_s=1700.0) == 0.0  # refit time passed
+    assert len(calls) == 2
