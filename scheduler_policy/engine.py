@@ -193,14 +193,17 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
         queue_names=list(budgets),
         default_restart_cost_s=policy.defaults.restart_cost_s,
     )
+    # Headroom is kept free of every queue's growth, not only its own queue's: a borrowing
+    # queue would otherwise take the GPUs a non-elastic queue keeps for its coming work.
+    reserved = sum(budget.headroom_gpus for budget in budgets.values())
     held_gpus = np.bincount(
         table.queue_index, weights=table.held * table.gpus_per_replica, minlength=len(budgets)
     ).tolist()
     allocation = allocate(
         table,
         budgets=budgets,
-        growth_pool_gpus=growth_pool_gpus(observation, pending),
-        waiting_pool_gpus=waiting_pool_gpus(observation, pending),
+        growth_pool_gpus=max(0.0, growth_pool_gpus(observation, pending) - reserved),
+        waiting_pool_gpus=max(0.0, waiting_pool_gpus(observation, pending) - reserved),
         defaults=policy.defaults,
         objective=policy.objective,
         trade_queues=trade_queues(

@@ -103,6 +103,22 @@ SCENARIOS = {
         make_policy("research", "prod", borrow=True),
         {"a": (5, Reason.SHRINK_FOR_PENDING_WORK)},
     ),
+    "another-queues-headroom-kept-free-of-borrowed-growth": (
+        # prod keeps 3 GPUs for its coming work: research borrows only 5 of the 8 idle.
+        make_observation(
+            make_job("a", queue="research", current=2, max_replicas=16),
+            queues=(make_queue("research", capability=32), make_queue("prod", capability=32)),
+            free=8,
+        ),
+        dataclasses.replace(
+            make_policy("research", borrow=True),
+            queues=(
+                QueuePolicy(QueueName("research"), borrow=True),
+                QueuePolicy(QueueName("prod"), elastic=False, headroom=Headroom(gpus=3.0)),
+            ),
+        ),
+        {"a": (7, Reason.SCALE_UP_FOR_IDLE_GPUS)},
+    ),
     "headroom-kept-free": (
         make_observation(make_job("a", current=2), queues=(make_queue(capability=8),), free=8),
         make_policy(headroom_gpus=3),
