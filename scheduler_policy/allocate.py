@@ -198,7 +198,10 @@ def allocate(
         pool = max(0.0, growth_pool_gpus)
 
     traded = _trade(
-        accepted=accepted, givers=accepted & ~growth, takers=~accepted & growth & asked,
+        # Givers move in one step only once measured at two sizes (before, the rate limit
+        # holds them back, and the replica they owe would be owed again next round).
+        accepted=accepted, givers=accepted & ~growth & table.shaped[rows],
+        takers=~accepted & growth & asked,
         item_queue=item_queue, item_gpus=item_gpus,
         item_value=item_value, queues=len(first), factor=_TRADE_FACTOR,
         allowed=None if trade_queues is None else np.asarray(

@@ -38,12 +38,15 @@ class JobCurve:
         sigma: σ, contention.
         kappa: κ, coherency delay.
         measured: whether λ comes from the job's own measurements.
+        sizes: distinct replica counts the curve was fitted on (0 for the prior); from two on,
+            its shape is the job's own too.
     """
 
     lambda_samples_per_s: float
     sigma: float
     kappa: float
     measured: bool
+    sizes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,7 @@ class JobTable:
         last_rescale_s: when the job was last rescaled, NaN for never.
         lam, sigma, kappa: each job's scaling curve.
         measured: whether the curve comes from the job's own measurements.
+        shaped: whether it was measured at two or more sizes (its shape is the job's own).
     """
 
     jobs: tuple[JobState, ...]
@@ -81,6 +85,7 @@ class JobTable:
     sigma: FloatArray
     kappa: FloatArray
     measured: BoolArray
+    shaped: BoolArray
 
     @classmethod
     def build(
@@ -133,4 +138,5 @@ class JobTable:
             sigma=field("sigma", curves),
             kappa=field("kappa", curves),
             measured=measured,
+            shaped=field("sizes", curves) >= 2,
         )

@@ -90,7 +90,11 @@ class ModelCache:
             return self.prior_curve()
         self.curve_fits += 1
         curve = JobCurve(
-            float(model.lambda_), float(model.sigma_), float(model.kappa_), measured=True
+            float(model.lambda_),
+            float(model.sigma_),
+            float(model.kappa_),
+            measured=True,
+            sizes=len({p.replicas for p in points}),
         )
         self._curves[job.key] = _FittedCurve(sizes, now_s, curve)
         return curve

@@ -33,8 +33,10 @@ class Defaults:
         tolerance: the least predicted relative throughput gain worth a rescale (0.05 = 5%).
         restart_cost_s: seconds of progress a membership change costs a job.
         cooldown_s: least time between two rescales of one job.
-        max_step_up: most replicas added to one job in one decision.
-        max_step_down: most replicas removed from one job in one decision.
+        max_step_up: most replicas added to one job in one decision, while its scaling curve
+            is a prediction (not yet measured at two sizes); a measured job moves in one step,
+            since every change restarts it whatever the step.
+        max_step_down: likewise, most replicas removed.
         window_up_s: scale up only to the lowest target recommended over this window.
         window_down_s: scale down only to the highest target recommended over this window.
         assumed_remaining_s: remaining run time assumed for a job that does not report its progress.

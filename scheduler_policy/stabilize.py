@@ -208,6 +208,7 @@ def stabilize(
     defaults: Defaults,
     interval_s: float,
     now_s: float,
+    rate_limited: BoolArray | None = None,
 ) -> Stabilized:
     """Run the damping chain over every job.
 
@@ -223,10 +224,13 @@ def stabilize(
         defaults: tolerance, step limits, cooldown and windows.
         interval_s: the decision interval; no job moves twice within one.
         now_s: the reconcile time.
+        rate_limited: the jobs the rate limit applies to; None for all.
 
     Returns:
         The final targets, the step that held each back, and the new memories.
     """
+    if rate_limited is None:
+        rate_limited = np.ones(len(current), dtype=bool)
     up_min, down_max = window_extremes(
         recommendations,
         recommended,
@@ -251,8 +255,12 @@ def stabilize(
             Reason.LIMITED_BY_RATE,
             # A job outside its bounds goes straight into them: bounds win over the rate.
             lambda d: clamp_to_bounds(
-                desired=limit_rate(current=current, desired=d, max_step_up=defaults.max_step_up,
-                                   max_step_down=defaults.max_step_down),
+                desired=np.where(
+                    rate_limited,
+                    limit_rate(current=current, desired=d, max_step_up=defaults.max_step_up,
+                               max_step_down=defaults.max_step_down),
+                    d,
+                ),
                 min_replicas=min_replicas, max_replicas=max_replicas,
             ),
         ),

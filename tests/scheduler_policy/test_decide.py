@@ -207,10 +207,15 @@ SCENARIOS = {
         make_policy(cooldown_s=300.0),
         {"a": (2, Reason.COOLDOWN)},
     ),
-    "rate-limit": (
-        make_observation(make_job("a", current=2), free=8),
+    "rate-limit-while-the-curve-is-the-priors-shape": (
+        make_observation(make_job("a", current=2, sizes=(2,)), free=8),
         make_policy(max_step_up=2),
         {"a": (4, Reason.LIMITED_BY_RATE)},
+    ),
+    "no-rate-limit-once-measured-at-two-sizes": (
+        make_observation(make_job("a", current=2, sizes=(1, 2)), free=8),
+        make_policy(max_step_up=2),
+        {"a": (8, Reason.SCALE_UP_FOR_IDLE_GPUS)},
     ),
     "fractional-gpus": (
         make_observation(make_job("a", current=2, gpus_per_replica=0.5), free=1.0),

@@ -103,7 +103,7 @@ def test_apply_windows(current, desired, up_min, down_max, forced, expected):
 
 
 def chain(*, current, recommended, gain=0.5, forced=False, memory=None, now_s=1000.0,
-          **defaults):  # fmt: skip
+          rate_limited=True, **defaults):  # fmt: skip
     return stabilize(
         current=ints(current), recommended=ints(recommended), gains=np.asarray([gain]),
         forced=np.asarray([forced]), min_replicas=ints(1), max_replicas=ints(8),
@@ -111,6 +111,7 @@ def chain(*, current, recommended, gain=0.5, forced=False, memory=None, now_s=10
                                    else memory.last_rescale_s]),
         recommendations=[() if memory is None else memory.recommendations],
         defaults=Defaults(**defaults), interval_s=60.0, now_s=now_s,
+        rate_limited=np.asarray([rate_limited]),
     )  # fmt: skip
 
 
@@ -120,6 +121,8 @@ def chain(*, current, recommended, gain=0.5, forced=False, memory=None, now_s=10
         (dict(current=2, recommended=4, cooldown_s=0, window_down_s=0), 4, None),
         (dict(current=2, recommended=3, gain=0.01), 2, Reason.WITHIN_TOLERANCE),
         (dict(current=2, recommended=12, cooldown_s=0, max_step_up=4), 6, Reason.LIMITED_BY_RATE),
+        (dict(current=2, recommended=12, cooldown_s=0, max_step_up=4, rate_limited=False), 8,
+         Reason.LIMITED_BY_BOUNDS),
         (dict(current=2, recommended=4, memory=JobMemory(last_rescale_s=900.0)), 2,
          Reason.COOLDOWN),
         (dict(current=6, recommended=3, cooldown_s=0,
@@ -130,7 +133,8 @@ def chain(*, current, recommended, gain=0.5, forced=False, memory=None, now_s=10
                                recommendations=(Recommendation(900.0, 6),))), 4,
          Reason.LIMITED_BY_RATE),
     ],
-    ids=["passes", "tolerance", "rate", "cooldown", "down-window", "forced-rate-limited-only"],
+    ids=["passes", "tolerance", "rate", "measured-job-not-rate-limited", "cooldown", "down-window",
+         "forced-rate-limited-only"],
 )  # fmt: skip
 def test_chain_reports_the_step_that_held(kwargs, target, held_by):
     result = chain(**kwargs)
