@@ -81,9 +81,14 @@ def pending_gpus(observation: Observation) -> dict[QueueName, float]:
     for job in observation.jobs:
         waiting = job.elastic and job.phase is JobPhase.PENDING and job.queue in pending
         if waiting and not job.spec_problems():
-            gang = max(job.min_replicas, 1) * job.gpus_per_replica + job.nonelastic_gpus
-            pending[job.queue] += gang
+            pending[job.queue] += _start_gpus(job)
     return pending
+
+
+def _start_gpus(job: JobState) -> float:
+    """GPUs a pending job needs to start: its gang minimum if elastic, else all it asks for."""
+    replicas = max(job.min_replicas, 1) if job.elastic else job.current_replicas
+    return replicas * job.gpus_per_replica + job.nonelastic_gpus
 
 
 def pending_covered(observation: Observation, pending: Mapping[QueueName, float]) -> bool:
@@ -152,8 +157,7 @@ def _pending_needs(
     for job in observation.jobs:
         if job.phase is not JobPhase.PENDING or job.queue not in pending or job.spec_problems():
             continue
-        replicas = max(job.min_replicas, 1) if job.elastic else job.current_replicas
-        needs[job.queue].append(replicas * job.gpus_per_replica + job.nonelastic_gpus)
+        needs[job.queue].append(_start_gpus(job))
     for name, total in pending.items():
         rest = total - sum(needs[name])
         if rest > 1e-9:
@@ -237,11 +241,7 @@ def queue_budgets(
             held[name] += job.nonelastic_gpus
             # Replicas still waiting for GPUs hold none: counting them would shrink a running
             # job to make room that is not needed (the allocator withdraws them instead).
-            scheduled = job.scheduled_replicas  # inline held_replicas: this runs per job
-            held_replicas = job.current_replicas
-            if scheduled is not None:
-                held_replicas = max(0, min(held_replicas, scheduled))
-            elastic_used[name] += held_replicas * gpr
+            elastic_used[name] += job.held_replicas * gpr
             elastic_min[name] += job.min_replicas * gpr
         elif phase is not JobPhase.PENDING:
             held[name] += job.current_replicas * gpr + job.nonelastic_gpus

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -114,6 +115,33 @@ def apply_windows(
     return np.where(desired > current, up, np.where(desired < current, down, desired))
 
 
+class Tails(NamedTuple):
+    """Each job's number of stored recommendation changes and its last one, as columns.
+
+    ``replicas`` and ``since_s`` mean nothing where ``lengths`` is 0.
+    """
+
+    lengths: IntArray
+    replicas: IntArray
+    since_s: FloatArray
+
+
+def tails(recommendations: Sequence[tuple[Recommendation, ...]]) -> Tails:
+    """The last recommendation change of every job, read once for all the steps that need it."""
+    count = len(recommendations)
+    return Tails(
+        lengths=np.fromiter(map(len, recommendations), dtype=np.int64, count=count),
+        replicas=np.fromiter(
+            (recs[-1][1] if recs else 0 for recs in recommendations), dtype=np.int64, count=count
+        ),
+        since_s=np.fromiter(
+            (recs[-1][0] if recs else np.inf for recs in recommendations),
+            dtype=np.float64,
+            count=count,
+        ),
+    )
+
+
 def window_extremes(
     recommendations: Sequence[tuple[Recommendation, ...]],
     recommended: IntArray,
@@ -121,6 +149,7 @@ def window_extremes(
     now_s: float,
     window_up_s: float,
     window_down_s: float,
+    last: Tails | None = None,
 ) -> tuple[IntArray, IntArray]:
     """The lowest recommendation in each up window and the highest in each down window.
 
@@ -133,6 +162,7 @@ def window_extremes(
         now_s: the reconcile time.
         window_up_s: length of the up window.
         window_down_s: length of the down window.
+        last: ``tails(recommendations)``, when the caller has it already.
 
     Returns:
         ``(window_up_min, window_down_max)``.
@@ -142,15 +172,11 @@ def window_extremes(
     up_from, down_from = now_s - window_up_s, now_s - window_down_s
     # The last change is in force until now: inside any window longer than zero. Most jobs hold
     # one change only, so that one is taken for all jobs at once, the rest one by one.
-    count = len(recommendations)
-    lengths = np.fromiter(map(len, recommendations), dtype=np.int64, count=count)
-    last = np.fromiter(
-        (recs[-1][1] if recs else 0 for recs in recommendations), dtype=np.int64, count=count
-    )
+    lengths, last_replicas, _ = tails(recommendations) if last is None else last
     if window_up_s > 0:
-        up_min = np.where(lengths > 0, np.minimum(up_min, last), up_min)
+        up_min = np.where(lengths > 0, np.minimum(up_min, last_replicas), up_min)
     if window_down_s > 0:
-        down_max = np.where(lengths > 0, np.maximum(down_max, last), down_max)
+        down_max = np.where(lengths > 0, np.maximum(down_max, last_replicas), down_max)
     for i in np.flatnonzero(lengths > 1).tolist():
         recs = recommendations[i]
         for k, (_, replicas) in enumerate(recs[:-1]):
@@ -231,9 +257,11 @@ def stabilize(
     """
     if rate_limited is None:
         rate_limited = np.ones(len(current), dtype=bool)
+    last = tails(recommendations)
     up_min, down_max = window_extremes(
         recommendations,
         recommended,
+        last=last,
         now_s=now_s,
         window_up_s=defaults.window_up_s,
         window_down_s=defaults.window_down_s,
@@ -286,7 +314,7 @@ def stabilize(
     moved = desired != current
     kept, changed = remember(
         recommendations, recommended, now_s=now_s,
-        keep_s=max(defaults.window_up_s, defaults.window_down_s),
+        keep_s=max(defaults.window_up_s, defaults.window_down_s), last=last,
     )  # fmt: skip
     return Stabilized(
         targets=desired,
@@ -303,6 +331,7 @@ def remember(
     *,
     now_s: float,
     keep_s: float,
+    last: Tails | None = None,
 ) -> tuple[tuple[tuple[Recommendation, ...], ...], BoolArray]:
     """Each job's recommendation changes after this round.
 
@@ -317,6 +346,7 @@ def remember(
         recommended: this round's recommendation for each job.
         now_s: the reconcile time.
         keep_s: the longest stabilization window; 0 keeps nothing.
+        last: ``tails(recommendations)``, when the caller has it already.
 
     Returns:
         The new recommendation changes, and where they differ from the old.
@@ -327,15 +357,9 @@ def remember(
     oldest = now_s - keep_s
     wanted = recommended.tolist()
     # The steady state, found for all jobs at once: one change, still in force.
-    lengths = np.fromiter(map(len, recommendations), dtype=np.int64, count=count)
-    last = np.fromiter(
-        (recs[-1][1] if recs else -1 for recs in recommendations), dtype=np.int64, count=count
-    )
-    since = np.fromiter(
-        (recs[-1][0] if recs else np.inf for recs in recommendations), dtype=np.float64, count=count
-    )
+    lengths, last_replicas, since = tails(recommendations) if last is None else last
     if keep_s > 0:
-        steady = (lengths == 1) & (last == recommended) & (since <= now_s)
+        steady = (lengths == 1) & (last_replicas == recommended) & (since <= now_s)
     else:
         steady = lengths == 0
     for i in np.flatnonzero(~steady).tolist():

@@ -55,6 +55,13 @@ def _running_elastic(observation: Observation) -> list[JobState]:
     return [j for j in observation.jobs if j.elastic and j.phase is JobPhase.RUNNING]
 
 
+def _running_elastic_by_queue(observation: Observation) -> dict[QueueName, list[JobState]]:
+    by_queue: dict[QueueName, list[JobState]] = {}
+    for job in _running_elastic(observation):
+        by_queue.setdefault(job.queue, []).append(job)
+    return by_queue
+
+
 def _pending_nonelastic(observation: Observation) -> float:
     return sum(q.pending_nonelastic_gpus for q in observation.queues)
 
@@ -89,8 +96,9 @@ class ThresholdBaseline:
             return BaselinePlan()
         free = observation.cluster_free_gpus - _pending_nonelastic(observation)
         targets: dict[JobKey, int] = {}
+        running = _running_elastic_by_queue(observation)
         for queue in observation.queues:
-            jobs = [j for j in _running_elastic(observation) if j.queue == queue.name]
+            jobs = running.get(queue.name)
             if not jobs:
                 continue
             room = math.inf if queue.capability_gpus is None else queue.capability_gpus
@@ -139,8 +147,9 @@ class HpaBaseline:
             if job.phase is JobPhase.PENDING:
                 wanted[job.queue] = wanted.get(job.queue, 0.0) + job.gpus
         targets: dict[JobKey, int] = {}
+        running = _running_elastic_by_queue(observation)
         for queue in observation.queues:
-            jobs = [j for j in _running_elastic(observation) if j.queue == queue.name]
+            jobs = running.get(queue.name)
             if not jobs:
                 continue
             room = math.inf if queue.capability_gpus is None else queue.capability_gpus
