@@ -18,7 +18,12 @@ Replicas a job's spec asks for that Volcano has not scheduled (waiting for GPUs)
 any other: they hold nothing, so withdrawing them costs nothing.
 
 Per queue, increments are taken in order while their GPUs fit the budget; the first that does not
-fit ends the queue's turn (a prefix, which keeps the greedy vectorisable and never overfills).
+fit ends the queue's turn (a prefix, which keeps the greedy vectorisable and never overfills). A
+running replica the budget cannot hold ranks among its queue's growth at its value, as it will
+next round when it is gone: growth this round takes nothing that it would then keep out. The
+running replicas a job's rate limit keeps this round (``floor``) are kept first, whatever the
+budget: the budget then takes from other jobs, and no GPU that the damping will not free funds
+anything.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ def allocate(
     waiting_pool_gpus: float | None = None,
     objective: Objective = Objective.COMPLETION_TIME,
     trade_queues: Collection[QueueName] | None = None,
+    floor: IntArray | None = None,
 ) -> Allocation:
     """Decide a target for every running elastic job.
 
@@ -96,6 +102,10 @@ def allocate(
         objective: what increments are ranked by (see ``Objective``).
         trade_queues: the queues where running replicas may move to other jobs' growth (where
             a replica given up would reach the grower: ``budget.trade_queues``); None for all.
+        floor: the fewest replicas each job can be left with this round (the rate limit of a
+            job whose curve is still the prior's); the running replicas up to it are kept
+            whatever the budgets, and the budgets take from the other replicas instead. None
+            for each job's minimum.
 
     Returns:
         Targets within [min, max] that fit every budget, with reasons.
@@ -139,6 +149,10 @@ def allocate(
     worth = saved_s > table.restart_cost_s[:, None]
     useful = valid & (value > 0)
     eligible = np.logical_and.accumulate(useful & (existing | worth), axis=1)
+    must = np.zeros_like(existing)
+    if floor is not None:
+        must = existing & (k <= floor[:, None])
+        eligible |= must  # both are prefixes of each row, and so is their union
 
     qidx = table.queue_index
     base_gpus = np.bincount(qidx, weights=lo * gpr, minlength=len(table.queue_names))
@@ -150,16 +164,19 @@ def allocate(
     item_value = value[rows, cols]
     growth = ~existing[rows, cols]
     asked = k[rows, cols] <= table.current[rows]  # the job's spec already asks for it
+    item_must = must[rows, cols]
     item_queue = qidx[rows]
     # Sort by (queue, growth, -value): a stable sort on the value, then a stable one on the
     # small-integer major key (numpy radix-sorts 16-bit keys), faster than lexsort here.
-    by_value = np.argsort(-item_value, kind="stable")
+    # Replicas a job must keep come first among the running ones.
+    by_value = np.argsort(-np.where(item_must, np.inf, item_value), kind="stable")
     major = (item_queue * 2 + growth)[by_value]
     if len(table.queue_names) < 2**14:
         major = major.astype(np.int16)
     order = by_value[np.argsort(major, kind="stable")]
     rows, item_gpus, item_value = rows[order], item_gpus[order], item_value[order]
     growth, item_queue, asked = growth[order], item_queue[order], asked[order]
+    item_must = item_must[order]
     first = np.searchsorted(item_queue, np.arange(len(table.queue_names)))
 
     def spent_in_queue(gpus: FloatArray) -> FloatArray:
@@ -170,15 +187,28 @@ def allocate(
 
     # Running replicas first; growth then takes what they leave (not what a running replica
     # that did not fit would have taken, or the next round would find room this one missed).
-    kept = ~growth & (
+    fit = ~growth & (
         spent_in_queue(np.where(growth, 0.0, item_gpus))
         <= increment_budget[item_queue] + _GPU_EPSILON
     )
+    kept = fit | item_must
     kept_gpus = np.bincount(item_queue[kept], weights=item_gpus[kept], minlength=len(first))
-    grown = growth & (
-        spent_in_queue(np.where(growth, item_gpus, 0.0))
-        <= (increment_budget - kept_gpus)[item_queue] + _GPU_EPSILON
-    )
+    room = (increment_budget - kept_gpus)[item_queue] + _GPU_EPSILON
+    grown = growth & (spent_in_queue(np.where(growth, item_gpus, 0.0)) <= room)
+    dropped = ~growth & ~kept
+    if dropped.any():
+        # A running replica the budget cannot hold still ranks among its queue's growth at its
+        # value, and ends the queue's turn there if it does not fit: next round it is growth
+        # like any other, and this round must take no growth that it would then keep out.
+        bound = np.isin(item_queue, np.unique(item_queue[dropped]))
+        grown &= ~bound
+        idx = np.flatnonzero(bound & (growth | dropped))
+        idx = idx[np.argsort(-item_value[idx], kind="stable")]
+        idx = idx[np.argsort(item_queue[idx], kind="stable")]
+        spent = np.cumsum(item_gpus[idx])
+        before = np.concatenate(([0.0], spent))[np.searchsorted(item_queue[idx], item_queue[idx])]
+        fits = spent - before <= room[idx]  # a prefix of each queue: the sums only grow
+        grown[idx[fits & growth[idx]]] = True
     accepted = kept | grown
 
     # Growth across all queues must fit in the idle GPUs, best value first: replicas already
@@ -217,6 +247,14 @@ def allocate(
         over = np.bincount(rows[~growth & ~kept], minlength=count) > 0
         traded_jobs = (np.bincount(rows[given], minlength=count) > 0) & ~over
     reasons, forced = _reasons(table, budgets, t_int, useful, eligible, existing, traded_jobs)
+    if item_must.any():
+        # Kept only because the rate limit holds them: the budget wanted them back.
+        held_back = np.bincount(rows[item_must & ~fit], minlength=count) > 0
+        if held_back.any():
+            reasons = tuple(
+                Reason.LIMITED_BY_RATE if h else r
+                for r, h in zip(reasons, held_back.tolist(), strict=True)
+            )
     x_target = _curve(table, np.maximum(targets, 1.0)[:, None])[:, 0]
     x_next = _curve(table, (targets + 1.0)[:, None])[:, 0]
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +17,7 @@ from scheduler_policy.model import JobPhase, JobState, Observation, QueueName, Q
 from scheduler_policy.policy import ElasticPolicy
 
 INFINITE_GPUS = math.inf
+_GPU_EPSILON = 1e-9
 _GONE = frozenset(phase for phase in JobPhase if phase.finished)
 
 
@@ -106,11 +107,12 @@ def trade_queues(
 ) -> set[QueueName]:
     """The queues where a replica one job gives up reaches another job's growth.
 
-    Pending work takes a freed GPU first. Other queues' pending work must fit the idle GPUs. The
-    queue's own must too, unless its budget binds (its elastic jobs hold all of it): then its
-    pending work is set aside in the budget and gets its GPUs from the shrinks the budget forces.
-    (Terminating GPUs do not count: a second round on the same cluster must not trade where the
-    first did not.)
+    Pending work takes a freed GPU first, and headroom is kept free before growth. Other queues'
+    pending work and every queue's headroom must fit the idle GPUs. The queue's own pending work
+    must too, unless its budget binds (its elastic jobs hold all of it): then its pending work is
+    set aside in the budget and gets its GPUs from the shrinks the budget forces. (Terminating
+    GPUs do not count: a second round on the same cluster must not trade where the first did
+    not.)
 
     Args:
         observation: the cluster now.
@@ -119,10 +121,10 @@ def trade_queues(
         held_elastic_gpus: GPUs each queue's elastic jobs hold.
     """
     free = max(0.0, observation.cluster_free_gpus)
-    total = sum(pending.values())
+    total = sum(pending.values()) + sum(budget.headroom_gpus for budget in budgets.values())
     out = set()
     for name, budget in budgets.items():
-        binds = held_elastic_gpus.get(name, 0.0) >= budget.elastic_gpus - 1e-9
+        binds = held_elastic_gpus.get(name, 0.0) >= budget.elastic_gpus - _GPU_EPSILON
         if total - (pending.get(name, 0.0) if binds else 0.0) <= free:
             out.add(name)
     return out
@@ -144,8 +146,18 @@ def waiting_pool_gpus(observation: Observation, pending: Mapping[QueueName, floa
     for another job's growth is still terminating in the next round, and its GPUs are for the
     replica that waits for them.
     """
-    free = max(0.0, observation.cluster_free_gpus) + max(0.0, observation.releasing_gpus)
-    return max(0.0, free - sum(pending.values()))
+    return max(0.0, idle_gpus(observation) - sum(pending.values()))
+
+
+def idle_gpus(observation: Observation) -> float:
+    """Idle GPUs, and those of terminating pods (already on their way to pending work)."""
+    return max(0.0, observation.cluster_free_gpus) + max(0.0, observation.releasing_gpus)
+
+
+def short_of_idle(observation: Observation, pending: Mapping[QueueName, float]) -> bool:
+    """Whether pending work needs more than the idle and terminating GPUs: only then does a
+    borrowing queue give anything back."""
+    return sum(pending.values()) > idle_gpus(observation) + _GPU_EPSILON
 
 
 def _pending_needs(
@@ -160,7 +172,7 @@ def _pending_needs(
         needs[job.queue].append(_start_gpus(job))
     for name, total in pending.items():
         rest = total - sum(needs[name])
-        if rest > 1e-9:
+        if rest > _GPU_EPSILON:
             needs[name].append(rest)
     return needs
 
@@ -187,10 +199,58 @@ def _yield_gpus(needs: npt.NDArray[np.float64], *, free: float, spare: float) ->
     if not len(needs) or spare <= 0:
         return 0.0
     total = np.cumsum(needs)  # smallest first
-    startable = total[total <= free + spare + 1e-9]
+    startable = total[total <= free + spare + _GPU_EPSILON]
     if not len(startable):
         return 0.0
     return max(0.0, float(startable[-1]) - free)
+
+
+def _yields(
+    spares: Mapping[QueueName, float],
+    *,
+    free: float,
+    pending: Mapping[QueueName, float],
+    needs: Callable[[], tuple[npt.NDArray[np.float64], npt.NDArray[np.object_]]],
+    released: Mapping[QueueName, float] | None,
+) -> dict[QueueName, float]:
+    """GPUs each borrowing queue gives back to other queues' pending work (``_yield_gpus``).
+
+    A queue counts what the others give back this round as idle: the next round sees those GPUs
+    terminating, and must find nothing more to give. With ``released`` (what each queue's jobs
+    give back under a first pass of these budgets, whatever the reason: a job's replicas come
+    in whole GPUs, and a job above its maximum shrinks anyway) that is exact; without it, the
+    queues are settled one after the other, each counting what the others give so far, until no
+    give changes (a few passes; bounded).
+
+    Args:
+        spares: per borrowing queue, what it holds above its floor.
+        free: idle and terminating GPUs.
+        pending: GPUs each queue's pending work needs.
+        needs: every pending need, smallest first, and its queue (computed when first needed).
+        released: GPUs each queue's jobs give back this round, from a first pass; None for none.
+    """
+    gives = dict.fromkeys(spares, 0.0)
+    total_pending = sum(pending.values())
+    total_released = sum(released.values()) if released is not None else 0.0
+    sorted_needs = None
+    for _ in range(len(spares) + 1):
+        changed = False
+        for name, spare in spares.items():
+            if released is not None:
+                idle = free + total_released - released.get(name, 0.0)
+            else:
+                idle = free + sum(gives.values()) - gives[name]
+            give = 0.0
+            if spare > 0 and total_pending - pending.get(name, 0.0) > idle:
+                if sorted_needs is None:
+                    sorted_needs = needs()
+                sizes, owners = sorted_needs
+                give = _yield_gpus(sizes[owners != name], free=idle, spare=spare)
+            changed |= abs(give - gives[name]) > _GPU_EPSILON
+            gives[name] = give
+        if not changed:
+            break
+    return gives
 
 
 def queue_budgets(
@@ -200,6 +260,7 @@ def queue_budgets(
     elastic_jobs: Iterable[JobState],
     pending: Mapping[QueueName, float],
     forecast_headroom_gpus: Mapping[QueueName, float],
+    released: Mapping[QueueName, float] | None = None,
 ) -> dict[QueueName, QueueBudget]:
     """The elastic budget of every queue the policy manages.
 
@@ -215,8 +276,9 @@ def queue_budgets(
     and better than leaving a whole job queued for one more replica's speedup. It gives back
     what starts the most pending jobs, smallest first (Volcano starts whatever fits), and
     nothing when not even the smallest would start: GPUs freed for work they still cannot start
-    would sit idle while the queue's jobs run slower. (With several borrowing queues each gives
-    up to the whole amount: it errs toward the pending work.)
+    would sit idle while the queue's jobs run slower. With several borrowing queues, each counts
+    what the others give as idle (``_yields``), so that the next round, which sees those GPUs
+    terminating, gives nothing more.
 
     Args:
         observation: the cluster now.
@@ -224,6 +286,8 @@ def queue_budgets(
         elastic_jobs: the jobs tide scales (their GPUs are not counted as non-elastic).
         pending: GPUs each queue's pending work needs (``pending_gpus``).
         forecast_headroom_gpus: forecast non-elastic demand per queue, beyond what it holds now.
+        released: GPUs each queue's elastic jobs give back under a first pass of these budgets
+            (see ``_yields``); None on the first pass.
 
     Returns:
         One budget per managed queue present in the observation.
@@ -245,16 +309,29 @@ def queue_budgets(
             elastic_min[name] += job.min_replicas * gpr
         elif phase is not JobPhase.PENDING:
             held[name] += job.current_replicas * gpr + job.nonelastic_gpus
-    total_pending = sum(pending.values())
-    needs: tuple[npt.NDArray[np.float64], npt.NDArray[np.object_]] | None = None  # when needed
     # GPUs of terminating pods are already on their way to the pending work: counting them
     # keeps one shortfall from shrinking a job each round until the pods are gone.
-    free = max(0.0, observation.cluster_free_gpus) + max(0.0, observation.releasing_gpus)
+    free = idle_gpus(observation)
+    managed = [(q, p) for q in observation.queues if (p := policy.queue(q.name)) is not None]
+    used: dict[QueueName, float] = {}
+    spares: dict[QueueName, float] = {}
+    for queue, queue_policy in managed:
+        if queue_policy.borrow:
+            held_q = held.get(queue.name, 0.0)
+            used[queue.name] = held_q + elastic_used.get(queue.name, 0.0)
+            floor = max(queue.guarantee_gpus, held_q + elastic_min.get(queue.name, 0.0))
+            spares[queue.name] = used[queue.name] - floor
+    gives: Mapping[QueueName, float] = {}
+    if spares and short_of_idle(observation, pending):
+        gives = _yields(
+            spares,
+            free=free,
+            pending=pending,
+            needs=lambda: _sorted_needs(_pending_needs(observation, pending)),
+            released=released,
+        )
     budgets: dict[QueueName, QueueBudget] = {}
-    for queue in observation.queues:
-        queue_policy = policy.queue(queue.name)
-        if queue_policy is None:
-            continue
+    for queue, queue_policy in managed:
         share = _share_gpus(queue)
         capability = _capability_gpus(queue)
         held_q = held.get(queue.name, 0.0)
@@ -262,17 +339,9 @@ def queue_budgets(
         claimed = pending_q
         if queue_policy.borrow:
             limit = capability
-            used = held_q + elastic_used.get(queue.name, 0.0)
-            floor = max(queue.guarantee_gpus, held_q + elastic_min.get(queue.name, 0.0))
-            give = 0.0
-            if total_pending - pending_q > free:  # others' pending work does not fit the idle
-                if needs is None:
-                    needs = _sorted_needs(_pending_needs(observation, pending))
-                sizes, owners = needs
-                others = sizes[owners != queue.name]
-                give = _yield_gpus(others, free=free, spare=used - floor)
+            give = gives.get(queue.name, 0.0)
             if give > 0:
-                limit = min(limit, used - give)
+                limit = min(limit, used[queue.name] - give)
                 claimed += give
         else:
             limit = min(capability, share)

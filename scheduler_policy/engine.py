@@ -24,6 +24,7 @@ from scheduler_policy.budget import (
     pending_covered,
     pending_gpus,
     queue_budgets,
+    short_of_idle,
     trade_queues,
     waiting_pool_gpus,
 )
@@ -41,7 +42,7 @@ from scheduler_policy.model import (
 from scheduler_policy.models_cache import ModelCache
 from scheduler_policy.policy import ElasticPolicy
 from scheduler_policy.protocols import ClusterClient, MetricsSource, ReplicaChange
-from scheduler_policy.stabilize import stabilize
+from scheduler_policy.stabilize import Stabilized, stabilize
 
 logger = logging.getLogger(__name__)
 
@@ -199,27 +200,58 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
     held_gpus = np.bincount(
         table.queue_index, weights=table.held * table.gpus_per_replica, minlength=len(budgets)
     ).tolist()
-    allocation = allocate(
-        table,
-        budgets=budgets,
-        growth_pool_gpus=max(0.0, growth_pool_gpus(observation, pending) - reserved),
-        waiting_pool_gpus=max(0.0, waiting_pool_gpus(observation, pending) - reserved),
-        defaults=policy.defaults,
-        objective=policy.objective,
-        trade_queues=trade_queues(
-            observation, pending, budgets, dict(zip(table.queue_names, held_gpus, strict=True))
-        ),
+    leave_waiting = _leave_waiting(table, pending, covered=covered)
+    # The allocator plans within the rate limit of jobs still on the prior's curve: a shrink the
+    # damping would hold back must not fund another job's growth or a budget's share.
+    floor = np.where(
+        table.shaped,
+        table.min_replicas,
+        np.clip(table.held - policy.defaults.max_step_down, table.min_replicas, table.max_replicas),
     )
+    released: dict[QueueName, float] | None = None
+    for budget_pass in range(_BUDGET_PASSES):
+        allocation = allocate(
+            table,
+            budgets=budgets,
+            growth_pool_gpus=max(0.0, growth_pool_gpus(observation, pending) - reserved),
+            waiting_pool_gpus=max(0.0, waiting_pool_gpus(observation, pending) - reserved),
+            defaults=policy.defaults,
+            objective=policy.objective,
+            trade_queues=trade_queues(
+                observation, pending, budgets, dict(zip(table.queue_names, held_gpus, strict=True))
+            ),
+            floor=floor,
+        )
+        damped = _damp(table, allocation, policy=policy, now_s=now_s, leave_waiting=leave_waiting)
+        if budget_pass == _BUDGET_PASSES - 1 or not short_of_idle(observation, pending):
+            break  # (when short of nothing, no queue gives back: budgets ignore the targets)
+        # A borrowing queue counts what the others give back this round as idle (the next round
+        # sees it terminating): replicas come in whole GPUs, so that can be more than the
+        # budgets asked for. Redo the budgets with it until they no longer change.
+        gone = np.maximum(table.held - damped.targets, 0) * table.gpus_per_replica
+        per_queue = np.bincount(table.queue_index, weights=gone, minlength=len(budgets))
+        now_released = dict(zip(table.queue_names, per_queue.tolist(), strict=True))
+        if now_released == released:
+            break
+        again = queue_budgets(
+            observation, policy, elastic_jobs=ready, pending=pending,
+            forecast_headroom_gpus=forecasts, released=now_released,
+        )  # fmt: skip
+        if again == budgets:
+            break
+        budgets, released = again, now_released
     decisions, changes = _stabilized_decisions(
-        table, allocation, budgets=budgets, policy=policy, now_s=now_s,
-        leave_waiting=_leave_waiting(table, pending, covered=covered),
-    )  # fmt: skip
+        table, allocation, damped, budgets=budgets, policy=policy
+    )
     decisions.extend(held)
     decisions.sort(key=lambda d: d.job)
     return Plan(decisions=tuple(decisions), changes=tuple(changes))
 
 
 _PENDING_EPSILON = 1e-9  # slack for float sums of fractional GPUs
+# Passes of budgets -> allocation -> damping when queues give GPUs back: the second sees what
+# the first gave back in whole replicas; a third is rare.
+_BUDGET_PASSES = 3
 
 
 def _leave_waiting(
@@ -238,15 +270,15 @@ def _leave_waiting(
     return per_queue[table.queue_index] if len(table.jobs) else np.zeros(0, dtype=bool)
 
 
-def _stabilized_decisions(
+def _damp(
     table: JobTable,
     allocation: Allocation,
     *,
-    budgets: dict[QueueName, QueueBudget],
     policy: ElasticPolicy,
     now_s: float,
     leave_waiting: npt.NDArray[np.bool_],
-) -> tuple[list[ScalingDecision], list[ReplicaChange]]:
+) -> Stabilized:
+    """The allocator's targets through the damping chain."""
     # Withdrawing replicas that still wait for GPUs restarts nothing, so it is not damped: the
     # damping chain starts from what the allocator keeps of them. Not within an interval of the
     # job's last rescale, though: pods tide itself just added may not be bound yet.
@@ -255,7 +287,7 @@ def _stabilized_decisions(
     kept = (wanted >= held) & leave_waiting
     wanted = np.where(kept, np.maximum(wanted, spec), wanted)
     start = np.where(recent | kept, spec, np.clip(wanted, held, spec))
-    result = stabilize(
+    return stabilize(
         current=start,
         recommended=wanted,
         gains=allocation.gains,
@@ -271,6 +303,17 @@ def _stabilized_decisions(
         # moves to its target at once (each change restarts it whatever the step).
         rate_limited=~table.shaped,
     )
+
+
+def _stabilized_decisions(
+    table: JobTable,
+    allocation: Allocation,
+    result: Stabilized,
+    *,
+    budgets: dict[QueueName, QueueBudget],
+    policy: ElasticPolicy,
+) -> tuple[list[ScalingDecision], list[ReplicaChange]]:
+    spec, held = table.current, table.held
     # Built column-wise with map: at 10,000 jobs a per-job loop body costs more than the
     # allocation itself.
     jobs = table.jobs

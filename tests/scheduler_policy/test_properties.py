@@ -37,6 +37,9 @@ def scenarios(draw: st.DrawFn) -> tuple[Observation, ElasticPolicy]:
         lo = draw(st.integers(0, 4))
         hi = draw(st.integers(lo, 10))
         current = draw(st.integers(lo, 12))
+        phase = draw(st.sampled_from([JobPhase.RUNNING, JobPhase.RUNNING, JobPhase.PENDING]))
+        # A running job has its gang minimum bound to nodes: Volcano starts a gang whole.
+        least_scheduled = min(lo, current) if phase is JobPhase.RUNNING else 0
         jobs.append(
             make_job(
                 f"j{i}",
@@ -48,9 +51,9 @@ def scenarios(draw: st.DrawFn) -> tuple[Observation, ElasticPolicy]:
                 # its minimum is a scenario of its own in test_decide.
                 current=current,
                 # Pods beyond the scheduled ones wait for GPUs.
-                scheduled=draw(st.one_of(st.none(), st.integers(0, current))),
+                scheduled=draw(st.one_of(st.none(), st.integers(least_scheduled, current))),
                 elastic=draw(st.booleans()),
-                phase=draw(st.sampled_from([JobPhase.RUNNING, JobPhase.RUNNING, JobPhase.PENDING])),
+                phase=phase,
                 sizes=tuple(sorted(draw(st.sets(st.integers(1, 8), max_size=3)))),
                 sigma=draw(st.floats(0.0, 0.5)),
                 kappa=draw(st.floats(0.0, 0.05)),
