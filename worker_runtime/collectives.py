@@ -1,8 +1,17 @@
-"""The few collectives the runtime needs; each degrades to a local no-op without a process group."""
+"""The few collectives the runtime needs; each degrades to a local no-op without a process group.
+
+A gloo worker thread releases a finished collective's work object a moment after the caller's
+``wait`` returns, and releasing the work's tensors takes the GIL. If the process group is
+destroyed before that (its destructor runs with the GIL held and joins the worker threads), the
+two threads deadlock and a worker that finished training hangs at exit: seen under CPU
+contention, with ``~ProcessGroupGloo`` joining a thread stuck in ``~AsyncAllgatherWork``.
+``settle`` gives the worker threads that moment.
+"""
 
 from __future__ import annotations
 
 import io
+import time
 from typing import Any
 
 import torch
@@ -41,6 +50,15 @@ def barrier() -> None:
     """Wait for every rank."""
     if _active():
         dist.barrier()
+
+
+def settle(seconds: float = 0.2) -> None:
+    """Let the backend's threads release finished collectives before the group is destroyed.
+
+    Sleeping releases the GIL, which those releases need (see the module docstring).
+    """
+    if _active():
+        time.sleep(seconds)
 
 
 def broadcast_from_rank0(obj: Any) -> Any:

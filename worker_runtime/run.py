@@ -175,6 +175,9 @@ class ElasticRun:
         finally:
             self._stop.uninstall()
             self.metrics.close()
+            # The group dies here or, held by DDP, when the script's locals go: either way not
+            # before gloo's threads have released the last collectives (collectives.settle).
+            collectives.settle()
             if self._owns_group and dist.is_initialized():
                 dist.destroy_process_group()
 
