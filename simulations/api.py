@@ -16,7 +16,7 @@ from simulations.pollux import load_pollux_workload
 from simulations.report import Summary, summarize
 from simulations.run import RunOptions, SimResult, simulate
 from simulations.traces import load_itp, load_philly, load_tide_trace
-from simulations.workload import Workload, generate_workload
+from simulations.workload import DEFAULT_DURATION_S, DEFAULT_LOAD, Workload, generate_workload
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,9 @@ def load_workload(
     trace_format: str = "auto",
     member: str = "cluster04.csv",
     seed: int = 0,
-    duration_s: float = 8 * 3600.0,
+    duration_s: float = DEFAULT_DURATION_S,
+    load: float = DEFAULT_LOAD,
+    cluster_gpus: int = 32,
     elastic_fraction: float = 0.5,
     skip_bad_rows: bool = False,
     pollux_traces: Path | None = None,
@@ -104,6 +106,8 @@ def load_workload(
         member: the cluster file inside an ITP tarball.
         seed: seeds the generator and the job-type/elasticity choices of duration traces.
         duration_s: arrival window of the built-in workload.
+        load: offered load of the built-in workload, a share of ``cluster_gpus``.
+        cluster_gpus: GPUs of the cluster the built-in workload is for.
         elastic_fraction: share of elastic jobs (built-in, Philly, ITP).
         skip_bad_rows: skip and count bad rows instead of failing.
         pollux_traces: Pollux's ``traces/`` folder (default: next to the workload file).
@@ -113,12 +117,20 @@ def load_workload(
         The workload.
 
     Raises:
-        SimulationError: an unreadable trace or a bad row (file and line).
+        SimulationError: an unreadable trace or a bad row (file and line), or a built-in
+            workload asked for with a load, cluster size or window that is not positive.
     """
     if trace is None:
-        return generate_workload(
-            seed=seed, duration_s=duration_s, elastic_fraction=elastic_fraction
-        )
+        try:
+            return generate_workload(
+                seed=seed,
+                duration_s=duration_s,
+                load=load,
+                cluster_gpus=cluster_gpus,
+                elastic_fraction=elastic_fraction,
+            )
+        except ValueError as e:
+            raise SimulationError(f"built-in workload: {e}") from e
     fmt = detect_format(trace) if trace_format == "auto" else trace_format
     if fmt == "pollux":
         traces_dir = pollux_traces or trace.resolve().parent.parent / "traces"

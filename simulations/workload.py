@@ -111,11 +111,74 @@ _MIN_DURATION_S = 300.0
 _MAX_DURATION_S = 8 * 3600.0
 
 
+# Offered load: the GPUs the arrivals ask for (at their requested sizes, for as long as they run
+# there), averaged over the arrival window, as a share of the cluster's GPUs. Helios's Earth
+# cluster (SC'21 artifact, cluster_sequence_vc.csv: mean of (running_gpu_num + pending_gpu_num) /
+# total_gpu_num over May 2020, per minute) puts its busiest virtual clusters at 0.59 (vc8Sj), 0.63
+# (vc3sl), 0.73 (vcJLV) and 0.91 (vcgkz), mean 0.72, with work pending 0-23% of the minutes. The
+# default is that mean, rounded: a busy shared cluster, not a permanently overloaded one.
+DEFAULT_LOAD = 0.7
+DEFAULT_DURATION_S = 24 * 3600.0
+_DAY_S = 86400.0
+
+
+def _clipped_lognormal_mean(mu: float, sigma: float, low: float, high: float) -> float:
+    """E[clip(exp(X), low, high)] for X ~ Normal(mu, sigma²)."""
+
+    def cdf(x: float) -> float:
+        return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+    a, b = (math.log(low) - mu) / sigma, (math.log(high) - mu) / sigma
+    body = math.exp(mu + sigma * sigma / 2.0) * (cdf(b - sigma) - cdf(a - sigma))
+    return low * cdf(a) + high * (1.0 - cdf(b)) + body
+
+
+def mean_job_gpu_s(elastic_fraction: float) -> float:
+    """Expected GPU-seconds one built-in job asks for at its requested size."""
+
+    def mean(sizes: tuple[int, ...], weights: tuple[float, ...]) -> float:
+        return sum(
+            p * n * _clipped_lognormal_mean(
+                _LN_DURATION_MEAN[n], _LN_DURATION_STD, _MIN_DURATION_S, _MAX_DURATION_S
+            )
+            for n, p in zip(sizes, weights, strict=True)
+        )  # fmt: skip
+
+    elastic = mean(_ELASTIC_REPLICAS, _ELASTIC_REPLICA_P)
+    fixed = mean(_NONELASTIC_GPUS, _NONELASTIC_GPU_P)
+    return elastic_fraction * elastic + (1.0 - elastic_fraction) * fixed
+
+
+def _diurnal_mean(duration_s: float, amplitude: float) -> float:
+    """Mean of ``1 + amplitude·sin(2π(t/day − 1/4))`` over [0, duration_s]."""
+    turns = 2.0 * math.pi * duration_s / _DAY_S
+    return 1.0 - amplitude * math.sin(turns) / turns
+
+
+def arrivals_per_hour(
+    *, load: float, cluster_gpus: int, duration_s: float, elastic_fraction: float, amplitude: float
+) -> float:
+    """The mean arrival rate (``jobs_per_hour``) that offers ``load`` of ``cluster_gpus``.
+
+    Raises:
+        ValueError: a load, cluster size or window that is not positive.
+    """
+    if not load > 0 or not math.isfinite(load):
+        raise ValueError(f"load must be > 0, got {load}")
+    if cluster_gpus < 1:
+        raise ValueError(f"cluster_gpus must be >= 1, got {cluster_gpus}")
+    if not duration_s > 0:
+        raise ValueError(f"duration must be > 0, got {duration_s} s")
+    gpu_s = mean_job_gpu_s(elastic_fraction) * _diurnal_mean(duration_s, amplitude)
+    return load * cluster_gpus * 3600.0 / gpu_s
+
+
 def generate_workload(
     *,
     seed: int = 0,
-    duration_s: float = 8 * 3600.0,
-    jobs_per_hour: float = 6.0,
+    duration_s: float = DEFAULT_DURATION_S,
+    load: float = DEFAULT_LOAD,
+    cluster_gpus: int = 32,
     elastic_fraction: float = 0.5,
     elastic_queue: str = "research",
     fixed_queue: str = "production",
@@ -123,14 +186,17 @@ def generate_workload(
 ) -> Workload:
     """Generate tide's built-in workload: diurnal Poisson arrivals, heavy-tailed sizes/durations.
 
-    Arrival rate is ``jobs_per_hour * (1 + amplitude * sin(2 pi (t/day - 1/4)))``, sampled by
-    thinning, so the trace starts at the daily trough and peaks mid-day. A job's duration is its
-    run time at its requested size; its work is that duration times its rate at that size.
+    Arrival rate is ``rate * (1 + amplitude * sin(2 pi (t/day - 1/4)))``, sampled by thinning, so
+    the trace starts at the daily trough and peaks mid-day; ``rate`` is set so that the arrivals
+    offer ``load`` of the cluster's GPUs on average over the window (``arrivals_per_hour``). A
+    job's duration is its run time at its requested size; its work is that duration times its
+    rate at that size.
 
     Args:
         seed: random seed; the same seed gives the same workload.
         duration_s: length of the arrival window, seconds.
-        jobs_per_hour: mean arrivals per hour.
+        load: offered load, a share of ``cluster_gpus`` (see ``DEFAULT_LOAD``).
+        cluster_gpus: GPUs of the cluster the workload is for.
         elastic_fraction: share of jobs that are elastic (they go to ``elastic_queue``).
         elastic_queue: queue of the elastic jobs.
         fixed_queue: queue of the non-elastic jobs.
@@ -138,7 +204,17 @@ def generate_workload(
 
     Returns:
         The workload, sorted by submission time.
+
+    Raises:
+        ValueError: a load, cluster size or window that is not positive.
     """
+    jobs_per_hour = arrivals_per_hour(
+        load=load,
+        cluster_gpus=cluster_gpus,
+        duration_s=duration_s,
+        elastic_fraction=elastic_fraction,
+        amplitude=diurnal_amplitude,
+    )
     rng = np.random.default_rng(seed)
     peak_per_s = jobs_per_hour * (1.0 + diurnal_amplitude) / 3600.0
     jobs: list[WorkloadJob] = []
@@ -149,7 +225,7 @@ def generate_workload(
         t += float(rng.exponential(1.0 / peak_per_s))
         if t >= duration_s:
             break
-        rate = 1.0 + diurnal_amplitude * math.sin(2 * math.pi * (t / 86400.0 - 0.25))
+        rate = 1.0 + diurnal_amplitude * math.sin(2 * math.pi * (t / _DAY_S - 0.25))
         if rng.random() * (1.0 + diurnal_amplitude) > rate:
             continue
         index = len(jobs)
@@ -180,4 +256,4 @@ def generate_workload(
                 source=f"builtin(seed={seed})#{index}",
             )
         )
-    return Workload(name=f"builtin-seed{seed}", jobs=tuple(jobs))
+    return Workload(name=f"builtin-seed{seed}-load{load:g}", jobs=tuple(jobs))

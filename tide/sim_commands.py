@@ -25,7 +25,9 @@ from simulations.errors import SimulationError
 from simulations.faults import FaultOptions
 from simulations.run import RunOptions
 from simulations.tune import load_search_space, policy_yaml, tune
-from simulations.workload import Workload
+from simulations.workload import DEFAULT_DURATION_S, DEFAULT_LOAD, Workload
+
+DEFAULT_DURATION_H = DEFAULT_DURATION_S / 3600
 
 console = Console()
 
@@ -47,6 +49,14 @@ ClusterOpt = Annotated[
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of workload, noise and faults.")]
 DurationOpt = Annotated[
     float, typer.Option("--duration", help="Arrival window of the built-in workload, hours.")
+]
+LoadOpt = Annotated[
+    float,
+    typer.Option(
+        "--load",
+        help="Offered load of the built-in workload: GPUs its jobs ask for, averaged over the "
+        f"window, as a share of the cluster's (default {DEFAULT_LOAD:g}, a busy cluster).",
+    ),
 ]
 HorizonOpt = Annotated[
     float | None, typer.Option("--horizon", help="Stop the simulation at this time, hours.")
@@ -86,6 +96,7 @@ def _setup(
     cluster_file: Path | None,
     seed: int,
     duration_h: float,
+    load: float,
     skip_bad_rows: bool,
 ) -> tuple[Workload, ClusterSpec]:
     cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
@@ -95,6 +106,8 @@ def _setup(
         member=member,
         seed=seed,
         duration_s=duration_h * 3600,
+        load=load,
+        cluster_gpus=cluster.total_gpus,
         skip_bad_rows=skip_bad_rows,
         gpus_per_node=cluster.gpus_per_node,
     )
@@ -147,7 +160,8 @@ def register(app: typer.Typer) -> None:
             ),
         ] = "tide," + ",".join(BASELINE_NAMES),
         seed: SeedOpt = 0,
-        duration_h: DurationOpt = 8.0,
+        duration_h: DurationOpt = DEFAULT_DURATION_H,
+        load: LoadOpt = DEFAULT_LOAD,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
         node_mtbf_h: MtbfOpt = None,
@@ -165,6 +179,7 @@ def register(app: typer.Typer) -> None:
                 cluster_file=cluster_file,
                 seed=seed,
                 duration_h=duration_h,
+                load=load,
                 skip_bad_rows=skip_bad_rows,
             )
             policy = load_policy(policy_file) if policy_file else default_policy_for(cluster)
@@ -202,7 +217,8 @@ def register(app: typer.Typer) -> None:
         member: MemberOpt = "cluster04.csv",
         cluster_file: ClusterOpt = None,
         seed: SeedOpt = 0,
-        duration_h: DurationOpt = 8.0,
+        duration_h: DurationOpt = DEFAULT_DURATION_H,
+        load: LoadOpt = DEFAULT_LOAD,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
         out: OutOpt = Path("tide-compare-out"),
@@ -217,6 +233,7 @@ def register(app: typer.Typer) -> None:
                 cluster_file=cluster_file,
                 seed=seed,
                 duration_h=duration_h,
+                load=load,
                 skip_bad_rows=skip_bad_rows,
             )
             runs = []
@@ -259,7 +276,8 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option("--policy", help="Base policy whose parameters vary.")
         ] = None,
         workers: Annotated[int, typer.Option("--workers", help="Worker processes.")] = 2,
-        duration_h: DurationOpt = 8.0,
+        duration_h: DurationOpt = DEFAULT_DURATION_H,
+        load: LoadOpt = DEFAULT_LOAD,
         out: OutOpt = Path("tide-tune-out"),
     ) -> None:
         """Search policy parameters; write the best policy and a table of trials."""
@@ -280,7 +298,12 @@ def register(app: typer.Typer) -> None:
                 ]
             else:
                 workloads = [
-                    load_workload(seed=int(s), duration_s=duration_h * 3600)
+                    load_workload(
+                        seed=int(s),
+                        duration_s=duration_h * 3600,
+                        load=load,
+                        cluster_gpus=cluster.total_gpus,
+                    )
                     for s in seeds.split(",")
                 ]
             with Progress(

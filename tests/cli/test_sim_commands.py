@@ -124,3 +124,10 @@ def test_tune_bad_space_exits_1(tmp_path: Path) -> None:
     space.write_text("parameters:\n  defaults.cooldwn_s: [1, 2]\n")
     result = runner.invoke(app, ["tune", str(space), "--out", str(tmp_path)])
     assert result.exit_code == 1 and "defaults.cooldwn_s" in result.output
+
+
+def test_simulate_refuses_a_load_that_is_not_positive(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["simulate", "--load", "0", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1
+    assert "load must be > 0" in result.output.replace("\n", "")
+    assert not (tmp_path / "o").exists()  # refused before anything ran or was written

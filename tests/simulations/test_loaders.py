@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+import math
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from simulations.api import detect_format, load_workload
@@ -13,7 +15,7 @@ from simulations.cluster_config import BUILTIN_CLUSTER, load_cluster
 from simulations.errors import ClusterFileError, TraceError
 from simulations.pollux import load_pollux_workload
 from simulations.traces import load_itp, load_philly, load_tide_trace
-from simulations.workload import generate_workload
+from simulations.workload import Workload, _clipped_lognormal_mean, generate_workload
 
 SHARED = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
 POLLUX = SHARED / "pollux-osdi21"
@@ -120,6 +122,44 @@ def test_builtin_generator_is_seeded_and_mixed() -> None:
     assert a == b and a != generate_workload(seed=4)
     assert {j.elastic for j in a.jobs} == {True, False}
     assert all(not j.problems() for j in a.jobs)
+
+
+def _offered_load(workload: Workload, gpus: int, window_s: float) -> float:
+    asked = sum(
+        j.work_units / j.profile.rate(j.requested_replicas) * j.requested_replicas
+        for j in workload.jobs
+    )
+    return asked / (gpus * window_s)
+
+
+@pytest.mark.parametrize(("load", "gpus", "hours"), [(0.7, 32, 24.0), (1.5, 64, 8.0)])
+def test_builtin_generator_offers_the_load_asked_for(load: float, gpus: int, hours: float) -> None:
+    # Heavy-tailed durations make one seed's load noisy (a few 8-h jobs dominate); the mean
+    # over 40 seeds has a standard error of about 4% of the load.
+    window = hours * 3600
+    offered = [
+        _offered_load(
+            generate_workload(seed=s, load=load, cluster_gpus=gpus, duration_s=window),
+            gpus,
+            window,
+        )
+        for s in range(40)
+    ]
+    assert float(np.mean(offered)) == pytest.approx(load, rel=0.15)
+
+
+def test_clipped_lognormal_mean_matches_sampling() -> None:
+    rng = np.random.default_rng(0)
+    samples = np.clip(np.exp(rng.normal(9.11, 1.6, 400_000)), 300.0, 28_800.0)
+    assert _clipped_lognormal_mean(9.11, 1.6, 300.0, 28_800.0) == pytest.approx(
+        float(samples.mean()), rel=0.01
+    )
+
+
+@pytest.mark.parametrize("bad", [{"load": 0.0}, {"load": math.nan}, {"cluster_gpus": 0}])
+def test_builtin_generator_refuses_a_load_it_cannot_offer(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        generate_workload(seed=0, **bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(not POLLUX.exists(), reason=f"shared Pollux traces absent at {POLLUX}")
