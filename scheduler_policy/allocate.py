@@ -149,8 +149,8 @@ def allocate(
     worth = saved_s > table.restart_cost_s[:, None]
     useful = valid & (value > 0)
     eligible = np.logical_and.accumulate(useful & (existing | worth), axis=1)
-    must = np.zeros_like(existing)
-    if floor is not None:
+    must = None  # running replicas the rate limit keeps this round, where there are any
+    if floor is not None and bool((floor > lo).any()):
         must = existing & (k <= floor[:, None])
         eligible |= must  # both are prefixes of each row, and so is their union
 
@@ -164,12 +164,15 @@ def allocate(
     item_value = value[rows, cols]
     growth = ~existing[rows, cols]
     asked = k[rows, cols] <= table.current[rows]  # the job's spec already asks for it
-    item_must = must[rows, cols]
+    item_must = must[rows, cols] if must is not None else np.zeros(len(rows), dtype=bool)
     item_queue = qidx[rows]
     # Sort by (queue, growth, -value): a stable sort on the value, then a stable one on the
     # small-integer major key (numpy radix-sorts 16-bit keys), faster than lexsort here.
     # Replicas a job must keep come first among the running ones.
-    by_value = np.argsort(-np.where(item_must, np.inf, item_value), kind="stable")
+    by_value = np.argsort(
+        -(np.where(item_must, np.inf, item_value) if must is not None else item_value),
+        kind="stable",
+    )
     major = (item_queue * 2 + growth)[by_value]
     if len(table.queue_names) < 2**14:
         major = major.astype(np.int16)
@@ -247,7 +250,7 @@ def allocate(
         over = np.bincount(rows[~growth & ~kept], minlength=count) > 0
         traded_jobs = (np.bincount(rows[given], minlength=count) > 0) & ~over
     reasons, forced = _reasons(table, budgets, t_int, useful, eligible, existing, traded_jobs)
-    if item_must.any():
+    if must is not None:
         # Kept only because the rate limit holds them: the budget wanted them back.
         held_back = np.bincount(rows[item_must & ~fit], minlength=count) > 0
         if held_back.any():

@@ -215,12 +215,10 @@ def _yields(
 ) -> dict[QueueName, float]:
     """GPUs each borrowing queue gives back to other queues' pending work (``_yield_gpus``).
 
-    A queue counts what the others give back this round as idle: the next round sees those GPUs
-    terminating, and must find nothing more to give. With ``released`` (what each queue's jobs
-    give back under a first pass of these budgets, whatever the reason: a job's replicas come
-    in whole GPUs, and a job above its maximum shrinks anyway) that is exact; without it, the
-    queues are settled one after the other, each counting what the others give so far, until no
-    give changes (a few passes; bounded).
+    A queue counts what the other queues' jobs give back this round (``released``: from a first
+    pass of these budgets, whatever the reason) as idle: the next round sees those GPUs
+    terminating, and must find nothing more to give. (Replicas come in whole GPUs, and a job
+    above its maximum shrinks anyway, so that can be more than the first pass asked for.)
 
     Args:
         spares: per borrowing queue, what it holds above its floor.
@@ -229,27 +227,19 @@ def _yields(
         needs: every pending need, smallest first, and its queue (computed when first needed).
         released: GPUs each queue's jobs give back this round, from a first pass; None for none.
     """
-    gives = dict.fromkeys(spares, 0.0)
     total_pending = sum(pending.values())
     total_released = sum(released.values()) if released is not None else 0.0
     sorted_needs = None
-    for _ in range(len(spares) + 1):
-        changed = False
-        for name, spare in spares.items():
-            if released is not None:
-                idle = free + total_released - released.get(name, 0.0)
-            else:
-                idle = free + sum(gives.values()) - gives[name]
-            give = 0.0
-            if spare > 0 and total_pending - pending.get(name, 0.0) > idle:
-                if sorted_needs is None:
-                    sorted_needs = needs()
-                sizes, owners = sorted_needs
-                give = _yield_gpus(sizes[owners != name], free=idle, spare=spare)
-            changed |= abs(give - gives[name]) > _GPU_EPSILON
-            gives[name] = give
-        if not changed:
-            break
+    gives = {}
+    for name, spare in spares.items():
+        idle = free + total_released - (released.get(name, 0.0) if released is not None else 0.0)
+        give = 0.0
+        if spare > 0 and total_pending - pending.get(name, 0.0) > idle:
+            if sorted_needs is None:
+                sorted_needs = needs()
+            sizes, owners = sorted_needs
+            give = _yield_gpus(sizes[owners != name], free=idle, spare=spare)
+        gives[name] = give
     return gives
 
 
@@ -276,9 +266,9 @@ def queue_budgets(
     and better than leaving a whole job queued for one more replica's speedup. It gives back
     what starts the most pending jobs, smallest first (Volcano starts whatever fits), and
     nothing when not even the smallest would start: GPUs freed for work they still cannot start
-    would sit idle while the queue's jobs run slower. With several borrowing queues, each counts
-    what the others give as idle (``_yields``), so that the next round, which sees those GPUs
-    terminating, gives nothing more.
+    would sit idle while the queue's jobs run slower. With ``released`` (a second pass), each
+    borrowing queue counts what the others' jobs give back this round as idle (``_yields``), so
+    that the next round, which sees those GPUs terminating, gives nothing more.
 
     Args:
         observation: the cluster now.
