@@ -215,10 +215,12 @@ def _yields(
 ) -> dict[QueueName, float]:
     """GPUs each borrowing queue gives back to other queues' pending work (``_yield_gpus``).
 
-    A queue counts what the other queues' jobs give back this round (``released``: from a first
-    pass of these budgets, whatever the reason) as idle: the next round sees those GPUs
-    terminating, and must find nothing more to give. (Replicas come in whole GPUs, and a job
-    above its maximum shrinks anyway, so that can be more than the first pass asked for.)
+    On a first pass (``released`` None) each queue counts only the idle GPUs, so several borrowing
+    queues may each give up to the whole shortfall. On the next, a queue counts as idle what the
+    other queues' jobs give back this round under the first pass (``released``, whatever the
+    reason): the next round sees those GPUs terminating, and must find nothing more to give. A
+    job gives back whole replicas, and a job above its maximum shrinks anyway, so that can differ
+    from what the first pass asked for.
 
     Args:
         spares: per borrowing queue, what it holds above its floor.
