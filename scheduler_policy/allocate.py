@@ -205,12 +205,13 @@ def allocate(
         # like any other, and this round must take no growth that it would then keep out.
         bound = np.isin(item_queue, np.unique(item_queue[dropped]))
         grown &= ~bound
-        idx = np.flatnonzero(bound & (growth | dropped))
-        idx = idx[np.argsort(-item_value[idx], kind="stable")]
-        idx = idx[np.argsort(item_queue[idx], kind="stable")]
-        spent = np.cumsum(item_gpus[idx])
-        before = np.concatenate(([0.0], spent))[np.searchsorted(item_queue[idx], item_queue[idx])]
-        fits = spent - before <= room[idx]  # a prefix of each queue: the sums only grow
+        idx, fits = _ranked_prefix(
+            np.flatnonzero(bound & (growth | dropped)),
+            item_queue,
+            item_value,
+            item_gpus,
+            room.astype(np.float64),
+        )
         grown[idx[fits & growth[idx]]] = True
     accepted = kept | grown
 
@@ -241,6 +242,12 @@ def allocate(
             [q in trade_queues for q in table.queue_names], dtype=bool
         ),
     )  # fmt: skip
+    if traded:
+        _grow_after_trade(
+            accepted, growth=growth, item_queue=item_queue, item_gpus=item_gpus,
+            item_value=item_value, increment_budget=increment_budget.astype(np.float64),
+            pool=max(0.0, growth_pool_gpus),
+        )  # fmt: skip
     given = kept & ~accepted
     targets = lo + np.bincount(rows[accepted], minlength=count)
     t_int = targets.astype(np.int64)
@@ -341,6 +348,56 @@ def _trade(
     give_start = give_end - item_gpus[give] - item_queue[give] * span
     accepted[give[give_start < needed[item_queue[give]] - _GPU_EPSILON]] = False
     return True
+
+
+def _ranked_prefix(
+    idx: IntArray,
+    item_queue: IntArray,
+    item_value: FloatArray,
+    item_gpus: FloatArray,
+    room: FloatArray,
+) -> tuple[IntArray, BoolArray]:
+    """Items ``idx`` ranked by (queue, best value first), and which fit their queue's ``room``
+    (per item) taken in that order: a prefix of each queue, since the sums only grow."""
+    idx = idx[np.argsort(-item_value[idx], kind="stable")]
+    idx = idx[np.argsort(item_queue[idx], kind="stable")]
+    spent = np.cumsum(item_gpus[idx])
+    before = np.concatenate(([0.0], spent))[np.searchsorted(item_queue[idx], item_queue[idx])]
+    return idx, spent - before <= room[idx]
+
+
+def _grow_after_trade(
+    accepted: BoolArray,
+    *,
+    growth: BoolArray,
+    item_queue: IntArray,
+    item_gpus: FloatArray,
+    item_value: FloatArray,
+    increment_budget: FloatArray,
+    pool: float,
+) -> None:
+    """New growth in the budget room a trade leaves, as the next round would take it.
+
+    ``accepted`` is updated in place. In each queue that gave up running replicas, the growth
+    and the running replicas not kept rank by value as they will next round (when those are
+    gone, and growth like any other); growth in the prefix that fits the room the kept replicas
+    leave is taken, best value first, from the idle GPUs still free (``pool``). A queue whose
+    growth already taken would not fit that prefix takes nothing more.
+    """
+    let_go = ~growth & ~accepted
+    queues = np.unique(item_queue[let_go])
+    idx = np.flatnonzero(np.isin(item_queue, queues) & (growth | let_go))
+    if not len(idx):
+        return
+    kept = accepted & ~growth
+    held = np.bincount(item_queue[kept], weights=item_gpus[kept], minlength=len(increment_budget))
+    room = (increment_budget - held)[item_queue] + _GPU_EPSILON
+    idx, fits = _ranked_prefix(idx, item_queue, item_value, item_gpus, room)
+    # Growth already taken (by the trade) must be in the prefix, or the next round differs.
+    crowded = np.unique(item_queue[idx[~fits & accepted[idx] & growth[idx]]])
+    new = idx[fits & growth[idx] & ~accepted[idx] & ~np.isin(item_queue[idx], crowded)]
+    new = new[np.argsort(-item_value[new], kind="stable")]
+    accepted[new[np.cumsum(item_gpus[new]) <= pool + _GPU_EPSILON]] = True
 
 
 # Reason codes of the vectorised classification below, in the order ``_REASONS`` lists them.
