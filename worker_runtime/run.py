@@ -173,11 +173,12 @@ class ElasticRun:
                 with contextlib.suppress(Exception):
                     self.checkpointer.wait()
         finally:
+            # The group dies below or, held by DDP, when the script's locals go: either way not
+            # before gloo's threads have released the last collectives (collectives.settle).
+            # Settled while the SIGTERM handler is still in place: torchrun may signal again.
+            collectives.settle()
             self._stop.uninstall()
             self.metrics.close()
-            # The group dies here or, held by DDP, when the script's locals go: either way not
-            # before gloo's threads have released the last collectives (collectives.settle).
-            collectives.settle()
             if self._owns_group and dist.is_initialized():
                 dist.destroy_process_group()
 
