@@ -36,7 +36,7 @@ import numpy.typing as npt
 
 from scheduler_policy.budget import QueueBudget
 from scheduler_policy.job_table import JobTable
-from scheduler_policy.model import QueueName, Reason
+from scheduler_policy.model import GPU_EPSILON, QueueName, Reason
 from scheduler_policy.policy import Defaults, Objective
 from scheduler_policy.scaling_model import usl_throughput
 
@@ -46,8 +46,6 @@ BoolArray = npt.NDArray[np.bool_]
 
 # The value of a replica that takes a job from zero to one, or costs no GPUs: always first.
 _FIRST_VALUE = 1e12
-# Slack for float sums of fractional GPUs.
-_GPU_EPSILON = 1e-9
 # A running replica moves to another job's growth only if that growth is worth this many times
 # more: the move costs two restarts for one replica, and the margin keeps two jobs whose values
 # cross from handing a replica back and forth.
@@ -156,7 +154,10 @@ def allocate(
 
     qidx = table.queue_index
     base_gpus = np.bincount(qidx, weights=lo * gpr, minlength=len(table.queue_names))
-    increment_budget = np.asarray([budgets[q].elastic_gpus for q in table.queue_names]) - base_gpus
+    increment_budget: FloatArray = (
+        np.asarray([budgets[q].elastic_gpus for q in table.queue_names], dtype=np.float64)
+        - base_gpus
+    )
 
     # Increments in row-major (job, k) order; the sorts below are stable, so ties keep it.
     rows, cols = np.nonzero(eligible)
@@ -192,11 +193,11 @@ def allocate(
     # that did not fit would have taken, or the next round would find room this one missed).
     fit = ~growth & (
         spent_in_queue(np.where(growth, 0.0, item_gpus))
-        <= increment_budget[item_queue] + _GPU_EPSILON
+        <= increment_budget[item_queue] + GPU_EPSILON
     )
     kept = fit | item_must
     kept_gpus = np.bincount(item_queue[kept], weights=item_gpus[kept], minlength=len(first))
-    room = (increment_budget - kept_gpus)[item_queue] + _GPU_EPSILON
+    room: FloatArray = (increment_budget - kept_gpus)[item_queue] + GPU_EPSILON
     grown = growth & (spent_in_queue(np.where(growth, item_gpus, 0.0)) <= room)
     dropped = ~growth & ~kept
     if dropped.any():
@@ -210,7 +211,7 @@ def allocate(
             item_queue,
             item_value,
             item_gpus,
-            room.astype(np.float64),
+            room,
         )
         grown[idx[fits & growth[idx]]] = True
     accepted = kept | grown
@@ -226,7 +227,7 @@ def allocate(
         if len(grow):
             g_order = grow[np.argsort(-item_value[grow], kind="stable")]
             spent = np.cumsum(item_gpus[g_order])
-            fits = spent <= pool + _GPU_EPSILON
+            fits = spent <= pool + GPU_EPSILON
             accepted[g_order[~fits]] = False
             growth_pool_gpus -= float(spent[fits][-1]) if fits.any() else 0.0
         pool = max(0.0, growth_pool_gpus)
@@ -245,7 +246,7 @@ def allocate(
     if traded:
         _grow_after_trade(
             accepted, growth=growth, item_queue=item_queue, item_gpus=item_gpus,
-            item_value=item_value, increment_budget=increment_budget.astype(np.float64),
+            item_value=item_value, increment_budget=increment_budget,
             pool=max(0.0, growth_pool_gpus),
         )  # fmt: skip
     given = kept & ~accepted
@@ -325,16 +326,12 @@ def _trade(
     span = float(item_gpus.sum()) + 1.0  # separates the queues on one cumulative axis
 
     def cumulative(idx: IntArray) -> FloatArray:
-        q = item_queue[idx]
-        total = np.cumsum(item_gpus[idx])
-        starts = np.searchsorted(q, np.arange(queues))
-        before = np.concatenate(([0.0], total))[starts][q]
-        return total - before + q * span
+        return _cumsum_within_queues(item_queue[idx], item_gpus[idx]) + item_queue[idx] * span
 
     give_end = cumulative(give)
     take_end = cumulative(take)
     # The giver whose GPUs complete each taker's: the first with give_end >= take_end.
-    pos = np.searchsorted(give_end, take_end - _GPU_EPSILON)
+    pos = np.searchsorted(give_end, take_end - GPU_EPSILON)
     same_queue = pos < len(give)
     pos = np.minimum(pos, len(give) - 1)
     same_queue &= item_queue[give[pos]] == item_queue[take]
@@ -346,7 +343,7 @@ def _trade(
     needed = np.zeros(queues)
     np.maximum.at(needed, item_queue[take[ok]], take_end[ok] - item_queue[take[ok]] * span)
     give_start = give_end - item_gpus[give] - item_queue[give] * span
-    accepted[give[give_start < needed[item_queue[give]] - _GPU_EPSILON]] = False
+    accepted[give[give_start < needed[item_queue[give]] - GPU_EPSILON]] = False
     return True
 
 
@@ -361,9 +358,13 @@ def _ranked_prefix(
     (per item) taken in that order: a prefix of each queue, since the sums only grow."""
     idx = idx[np.argsort(-item_value[idx], kind="stable")]
     idx = idx[np.argsort(item_queue[idx], kind="stable")]
-    spent = np.cumsum(item_gpus[idx])
-    before = np.concatenate(([0.0], spent))[np.searchsorted(item_queue[idx], item_queue[idx])]
-    return idx, spent - before <= room[idx]
+    return idx, _cumsum_within_queues(item_queue[idx], item_gpus[idx]) <= room[idx]
+
+
+def _cumsum_within_queues(queue: IntArray, gpus: FloatArray) -> FloatArray:
+    """Running total of ``gpus`` within each queue, for items sorted by ``queue``."""
+    total = np.cumsum(gpus)
+    return total - np.concatenate(([0.0], total))[np.searchsorted(queue, queue)]
 
 
 def _grow_after_trade(
@@ -391,13 +392,13 @@ def _grow_after_trade(
         return
     kept = accepted & ~growth
     held = np.bincount(item_queue[kept], weights=item_gpus[kept], minlength=len(increment_budget))
-    room = (increment_budget - held)[item_queue] + _GPU_EPSILON
+    room = (increment_budget - held)[item_queue] + GPU_EPSILON
     idx, fits = _ranked_prefix(idx, item_queue, item_value, item_gpus, room)
     # Growth already taken (by the trade) must be in the prefix, or the next round differs.
     crowded = np.unique(item_queue[idx[~fits & accepted[idx] & growth[idx]]])
     new = idx[fits & growth[idx] & ~accepted[idx] & ~np.isin(item_queue[idx], crowded)]
     new = new[np.argsort(-item_value[new], kind="stable")]
-    accepted[new[np.cumsum(item_gpus[new]) <= pool + _GPU_EPSILON]] = True
+    accepted[new[np.cumsum(item_gpus[new]) <= pool + GPU_EPSILON]] = True
 
 
 # Reason codes of the vectorised classification below, in the order ``_REASONS`` lists them.

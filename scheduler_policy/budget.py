@@ -13,11 +13,18 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_policy.model import JobPhase, JobState, Observation, QueueName, QueueState, Reason
+from scheduler_policy.model import (
+    GPU_EPSILON,
+    JobPhase,
+    JobState,
+    Observation,
+    QueueName,
+    QueueState,
+    Reason,
+)
 from scheduler_policy.policy import ElasticPolicy
 
 INFINITE_GPUS = math.inf
-_GPU_EPSILON = 1e-9
 _GONE = frozenset(phase for phase in JobPhase if phase.finished)
 
 
@@ -124,7 +131,7 @@ def trade_queues(
     total = sum(pending.values()) + sum(budget.headroom_gpus for budget in budgets.values())
     out = set()
     for name, budget in budgets.items():
-        binds = held_elastic_gpus.get(name, 0.0) >= budget.elastic_gpus - _GPU_EPSILON
+        binds = held_elastic_gpus.get(name, 0.0) >= budget.elastic_gpus - GPU_EPSILON
         if total - (pending.get(name, 0.0) if binds else 0.0) <= free:
             out.add(name)
     return out
@@ -157,7 +164,7 @@ def idle_gpus(observation: Observation) -> float:
 def short_of_idle(observation: Observation, pending: Mapping[QueueName, float]) -> bool:
     """Whether pending work needs more than the idle and terminating GPUs: only then does a
     borrowing queue give anything back."""
-    return sum(pending.values()) > idle_gpus(observation) + _GPU_EPSILON
+    return sum(pending.values()) > idle_gpus(observation) + GPU_EPSILON
 
 
 def _pending_needs(
@@ -172,7 +179,7 @@ def _pending_needs(
         needs[job.queue].append(_start_gpus(job))
     for name, total in pending.items():
         rest = total - sum(needs[name])
-        if rest > _GPU_EPSILON:
+        if rest > GPU_EPSILON:
             needs[name].append(rest)
     return needs
 
@@ -199,7 +206,7 @@ def _yield_gpus(needs: npt.NDArray[np.float64], *, free: float, spare: float) ->
     if not len(needs) or spare <= 0:
         return 0.0
     total = np.cumsum(needs)  # smallest first
-    startable = total[total <= free + spare + _GPU_EPSILON]
+    startable = total[total <= free + spare + GPU_EPSILON]
     if not len(startable):
         return 0.0
     return max(0.0, float(startable[-1]) - free)

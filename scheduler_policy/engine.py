@@ -32,6 +32,7 @@ from scheduler_policy.errors import ConflictError, PermanentError, TemporaryErro
 from scheduler_policy.job_table import JobTable
 from scheduler_policy.messages import DecisionBatch, DecisionContext
 from scheduler_policy.model import (
+    GPU_EPSILON,
     JobPhase,
     JobState,
     Observation,
@@ -208,13 +209,15 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
         table.min_replicas,
         np.clip(table.held - policy.defaults.max_step_down, table.min_replicas, table.max_replicas),
     )
+    growth_pool = max(0.0, growth_pool_gpus(observation, pending) - reserved)
+    waiting_pool = max(0.0, waiting_pool_gpus(observation, pending) - reserved)
     released: dict[QueueName, float] | None = None
     for budget_pass in range(_BUDGET_PASSES):
         allocation = allocate(
             table,
             budgets=budgets,
-            growth_pool_gpus=max(0.0, growth_pool_gpus(observation, pending) - reserved),
-            waiting_pool_gpus=max(0.0, waiting_pool_gpus(observation, pending) - reserved),
+            growth_pool_gpus=growth_pool,
+            waiting_pool_gpus=waiting_pool,
             defaults=policy.defaults,
             objective=policy.objective,
             trade_queues=trade_queues(
@@ -248,7 +251,6 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
     return Plan(decisions=tuple(decisions), changes=tuple(changes))
 
 
-_PENDING_EPSILON = 1e-9  # slack for float sums of fractional GPUs
 # Passes of budgets -> allocation -> damping when queues give GPUs back: the second sees what
 # the first gave back in whole replicas; a third is rare.
 _BUDGET_PASSES = 3
@@ -266,7 +268,7 @@ def _leave_waiting(
     """
     total = sum(pending.values())
     own = np.asarray([pending.get(q, 0.0) for q in table.queue_names], dtype=np.float64)
-    per_queue = (total - own <= _PENDING_EPSILON) & (not covered)
+    per_queue = (total - own <= GPU_EPSILON) & (not covered)
     return per_queue[table.queue_index] if len(table.jobs) else np.zeros(0, dtype=bool)
 
 

@@ -17,6 +17,9 @@ JobKey = NewType("JobKey", str)
 QueueName = NewType("QueueName", str)
 """A Volcano Queue's name (queues are cluster-scoped)."""
 
+GPU_EPSILON = 1e-9
+"""Slack for comparing float sums of GPUs (replicas may ask for fractions of one)."""
+
 
 class JobPhase(enum.Enum):
     """The Volcano Job phases the engine distinguishes (``status.state.phase``)."""
