@@ -177,7 +177,7 @@ def load_pollux_workload(
                 skipped += 1
                 continue
             raise TraceError(path, line, str(e)) from e
-        max_replicas = min(MAX_REPLICAS, max(replicas, _max_useful(profile)))
+        max_replicas = min(MAX_REPLICAS, max(replicas, max_useful_replicas(profile)))
         jobs.append(
             WorkloadJob(
                 key=JobKey(f"pollux/{row['name']}"),
@@ -197,7 +197,7 @@ def load_pollux_workload(
     return Workload(name=path.stem, jobs=tuple(jobs), skipped_rows=skipped)
 
 
-def _max_useful(profile: ScalingProfile) -> int:
+def max_useful_replicas(profile: ScalingProfile) -> int:
     """The size past which one more replica adds under 1% throughput."""
     best = 1
     for n in range(2, len(profile.units_per_s) + 1):
