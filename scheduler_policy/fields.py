@@ -205,10 +205,22 @@ def read_yaml_documents(path: str | Path) -> list[object]:
         raise PolicyError(source, [f"cannot read file: {error}"]) from error
     try:
         return list(yaml.safe_load_all(text))
-    except yaml.MarkedYAMLError as error:
+    except yaml.YAMLError as error:
+        raise PolicyError(source, [yaml_problem(error)]) from error
+
+
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """One line saying where a YAML text is invalid and why.
+
+    Args:
+        error: what the YAML parser raised.
+
+    Returns:
+        ``line L, column C: invalid YAML: <problem>`` (counted from 1) when the parser marked a
+        place, else ``invalid YAML: <error>``.
+    """
+    if isinstance(error, yaml.MarkedYAMLError):
         mark = error.problem_mark or error.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        what = error.problem or error.context or "syntax error"
-        raise PolicyError(source, [f"{where}invalid YAML: {what}"]) from error
-    except yaml.YAMLError as error:
-        raise PolicyError(source, [f"invalid YAML: {error}"]) from error
+        return f"{where}invalid YAML: {error.problem or error.context or 'syntax error'}"
+    return f"invalid YAML: {error}"

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from scheduler_policy.fields import yaml_problem
 from scheduler_policy.model import QueueName
 from simulations.errors import ClusterFileError
 
@@ -216,6 +217,8 @@ def load_cluster(path: Path) -> ClusterSpec:
     """
     try:
         data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
+    except OSError as e:
         raise ClusterFileError(str(path), [f"cannot read: {e}"]) from e
+    except yaml.YAMLError as e:
+        raise ClusterFileError(str(path), [yaml_problem(e)]) from e
     return parse_cluster(data, source=str(path))

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from scheduler_policy.fields import yaml_problem
 from scheduler_policy.policy import Defaults, ElasticPolicy
 from simulations.api import PolicyRun, run_one
 from simulations.cluster_config import ClusterSpec
@@ -78,8 +79,10 @@ def load_search_space(path: Path) -> SearchSpace:
     """
     try:
         data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
+    except OSError as e:
         raise SearchSpaceError(f"{path}: cannot read: {e}") from e
+    except yaml.YAMLError as e:
+        raise SearchSpaceError(f"{path}: {yaml_problem(e)}") from e
     if not isinstance(data, dict) or not isinstance(data.get("parameters"), dict):
         raise SearchSpaceError(f"{path}: needs a 'parameters' mapping")
     method = data.get("method", "random")

@@ -119,6 +119,8 @@ _MAX_DURATION_S = 8 * 3600.0
 # default is that mean, rounded: a busy shared cluster, not a permanently overloaded one.
 DEFAULT_LOAD = 0.7
 DEFAULT_DURATION_S = 24 * 3600.0
+MAX_BUILTIN_JOBS = 1_000_000
+"""Most jobs the generator draws (ITP cluster04's two months have 15,802)."""
 _DAY_S = 86400.0
 
 
@@ -161,16 +163,25 @@ def arrivals_per_hour(
     """The mean arrival rate (``jobs_per_hour``) that offers ``load`` of ``cluster_gpus``.
 
     Raises:
-        ValueError: a load, cluster size or window that is not positive.
+        ValueError: a load, cluster size or window that is not a positive finite number, or a
+            window so long at that load that it would draw more than ``MAX_BUILTIN_JOBS``.
     """
-    if not load > 0 or not math.isfinite(load):
-        raise ValueError(f"load must be > 0, got {load}")
+    if not (load > 0 and math.isfinite(load)):
+        raise ValueError(f"load must be a finite number > 0, got {load}")
     if cluster_gpus < 1:
         raise ValueError(f"cluster_gpus must be >= 1, got {cluster_gpus}")
-    if not duration_s > 0:
-        raise ValueError(f"duration must be > 0, got {duration_s} s")
+    if not (duration_s > 0 and math.isfinite(duration_s)):
+        raise ValueError(f"duration must be a finite number > 0, got {duration_s / 3600:g} h")
     gpu_s = mean_job_gpu_s(elastic_fraction) * _diurnal_mean(duration_s, amplitude)
-    return load * cluster_gpus * 3600.0 / gpu_s
+    per_hour = load * cluster_gpus * 3600.0 / gpu_s
+    expected = per_hour * duration_s / 3600.0
+    if expected > MAX_BUILTIN_JOBS:
+        raise ValueError(
+            f"{duration_s / 3600:g} h at load {load:g} on {cluster_gpus} GPUs would draw about "
+            f"{expected:,.0f} jobs, more than the generator's {MAX_BUILTIN_JOBS:,}; shorten the "
+            "duration or replay a trace"
+        )
+    return per_hour
 
 
 def generate_workload(
@@ -206,8 +217,11 @@ def generate_workload(
         The workload, sorted by submission time.
 
     Raises:
-        ValueError: a load, cluster size or window that is not positive.
+        ValueError: a negative seed, or a load, cluster size or window that
+            ``arrivals_per_hour`` refuses.
     """
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
     jobs_per_hour = arrivals_per_hour(
         load=load,
         cluster_gpus=cluster_gpus,

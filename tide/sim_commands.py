@@ -46,7 +46,7 @@ MemberOpt = Annotated[str, typer.Option("--member", help="Cluster file inside an
 ClusterOpt = Annotated[
     Path | None, typer.Option("--cluster", help="Cluster file (YAML); default: built-in 8x4 GPUs.")
 ]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of workload, noise and faults.")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of workload, noise and faults.")]
 DurationOpt = Annotated[
     float, typer.Option("--duration", help="Arrival window of the built-in workload, hours.")
 ]
@@ -81,6 +81,27 @@ QuietOpt = Annotated[
         "happens, seconds (default: the interval).",
     ),
 ]
+
+
+def _seed_list(text: str) -> list[int]:
+    """``--seeds`` as integers: comma-separated, each >= 0.
+
+    Raises:
+        typer.BadParameter: an entry that is not a non-negative integer, named.
+    """
+    seeds = []
+    for item in text.split(","):
+        try:
+            seed = int(item)
+        except ValueError:
+            seed = -1
+        if seed < 0:
+            raise typer.BadParameter(
+                f"{item.strip()!r} is not a non-negative integer (write e.g. 0,1,2)",
+                param_hint="--seeds",
+            )
+        seeds.append(seed)
+    return seeds
 
 
 def _warn_policy(policy: ElasticPolicy, cluster: ClusterSpec) -> None:
@@ -299,12 +320,12 @@ def register(app: typer.Typer) -> None:
             else:
                 workloads = [
                     load_workload(
-                        seed=int(s),
+                        seed=s,
                         duration_s=duration_h * 3600,
                         load=load,
                         cluster_gpus=cluster.total_gpus,
                     )
-                    for s in seeds.split(",")
+                    for s in _seed_list(seeds)
                 ]
             with Progress(
                 TextColumn("tuning"),

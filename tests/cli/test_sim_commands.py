@@ -129,5 +129,31 @@ def test_tune_bad_space_exits_1(tmp_path: Path) -> None:
 def test_simulate_refuses_a_load_that_is_not_positive(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", "--load", "0", "--out", str(tmp_path / "o")])
     assert result.exit_code == 1
-    assert "load must be > 0" in result.output.replace("\n", "")
+    assert "load must be a finite number > 0, got 0" in " ".join(result.output.split())
     assert not (tmp_path / "o").exists()  # refused before anything ran or was written
+
+
+def test_tune_names_a_seed_that_is_not_a_non_negative_integer(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("parameters:\n  defaults.cooldown_s: [60, 600]\n")
+    for bad in ("0,x", "-1"):
+        result = runner.invoke(app, ["tune", str(space), "--seeds", bad, "--out", str(tmp_path)])
+        assert result.exit_code == 2, result.output
+        assert "--seeds" in result.output and "is not a non-negative integer" in result.output
+    assert not (tmp_path / "trials.csv").exists()
+
+
+def test_simulate_refuses_a_negative_seed(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["simulate", "--seed", "-1", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "--seed" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_yaml_errors_in_cluster_and_space_files_name_line_and_column(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\nqueues: [a\n  b: c\n")
+    for args in (["simulate", "--cluster", str(broken)], ["tune", str(broken)]):
+        result = runner.invoke(app, [*args, "--out", str(tmp_path / "o")])
+        text = " ".join(result.output.split())
+        assert result.exit_code == 1, result.output
+        assert f"{broken}" in text and "line 3, column " in text and "invalid YAML:" in text

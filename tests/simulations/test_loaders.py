@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import tarfile
 from pathlib import Path
 
@@ -156,10 +157,26 @@ def test_clipped_lognormal_mean_matches_sampling() -> None:
     )
 
 
-@pytest.mark.parametrize("bad", [{"load": 0.0}, {"load": math.nan}, {"cluster_gpus": 0}])
-def test_builtin_generator_refuses_a_load_it_cannot_offer(bad: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="must be"):
-        generate_workload(seed=0, **bad)  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ({"load": 0.0}, "load must be a finite number > 0, got 0"),
+        ({"load": math.nan}, "load must be a finite number > 0, got nan"),
+        ({"load": math.inf}, "load must be a finite number > 0, got inf"),
+        ({"cluster_gpus": 0}, "cluster_gpus must be >= 1, got 0"),
+        ({"duration_s": math.inf}, "duration must be a finite number > 0, got inf h"),
+        ({"duration_s": -3600.0}, "duration must be a finite number > 0, got -1 h"),
+        ({"seed": -1}, "seed must be >= 0, got -1"),
+        (
+            {"duration_s": 3.6e9},
+            "1e+06 h at load 0.7 on 32 GPUs would draw about 2,181,738 jobs, more than the "
+            "generator's 1,000,000",
+        ),
+    ],
+)
+def test_builtin_generator_refuses_what_it_cannot_draw(bad: dict[str, float], says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        generate_workload(**bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(not POLLUX.exists(), reason=f"shared Pollux traces absent at {POLLUX}")
