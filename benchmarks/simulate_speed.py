@@ -4,6 +4,9 @@
 
 Reads the shared traces from ../shared next to the checkout; cases whose files are absent are
 skipped with a message. Targets: <= 5 s per Pollux workload (64 GPUs), <= 60 s for cluster04.
+One more case runs the built-in workload (seed 0) with the example policy
+``manifests/policies/research-and-production.yaml``, whose demand forecast refits a gradient-
+boosted model every 10 simulated minutes: the cost a forecasting policy adds to a simulation.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from scheduler_policy.policy_file import load_policy
 from simulations.api import SHARED_TRACES, PolicyRun, default_policy_for, load_workload, run_one
-from simulations.cluster_config import load_cluster
+from simulations.cluster_config import BUILTIN_CLUSTER, load_cluster
 from simulations.report import summarize
 from simulations.run import RunOptions
 
@@ -40,7 +44,9 @@ def main() -> None:
     table = Table(title="tide simulate: wall time (tide policy)")
     for col in ("case", "jobs", "GPUs", "load s", "simulate s", "reconciles", "avg JCT h"):
         table.add_column(col, justify="right")
-    cases: list[tuple[str, Path, str, Path, float | None]] = []
+    # (name, trace or None for the built-in workload, format, cluster or None for the built-in
+    # one, quiet interval, policy file or None for the default policy)
+    cases: list[tuple[str, Path | None, str, Path | None, float | None, Path | None]] = []
     pollux = SHARED_TRACES / "pollux-osdi21" / "workloads"
     for i in range(1, 5):
         cases.append(
@@ -49,6 +55,7 @@ def main() -> None:
                 pollux / f"workload-{i}.csv",
                 "auto",
                 REPO / "manifests" / "clusters" / "pollux-64.yaml",
+                None,
                 None,
             )
         )
@@ -60,17 +67,24 @@ def main() -> None:
                 "itp",
                 REPO / "manifests" / "clusters" / "itp-640.yaml",
                 args.quiet_interval,
+                None,
             )
         )
-    for name, path, fmt, cluster_path, quiet in cases:
-        if not path.exists():
+    forecasting = REPO / "manifests" / "policies" / "research-and-production.yaml"
+    cases.append(("builtin-forecast-policy", None, "auto", None, None, forecasting))
+    for name, path, fmt, cluster_path, quiet, policy_path in cases:
+        if path is not None and not path.exists():
             console.print(f"[yellow]skip {name}: {path} absent[/yellow]")
             continue
-        cluster = load_cluster(cluster_path)
+        cluster = load_cluster(cluster_path) if cluster_path else BUILTIN_CLUSTER
         t0 = time.perf_counter()
-        workload = load_workload(trace=path, trace_format=fmt, gpus_per_node=cluster.gpus_per_node)
+        workload = (
+            load_workload(trace=path, trace_format=fmt, gpus_per_node=cluster.gpus_per_node)
+            if path is not None
+            else load_workload(cluster_gpus=cluster.total_gpus)
+        )
         load_s = time.perf_counter() - t0
-        policy = default_policy_for(cluster)
+        policy = load_policy(policy_path) if policy_path else default_policy_for(cluster)
         result = run_one(
             PolicyRun("tide", "tide", policy),
             workload=workload,

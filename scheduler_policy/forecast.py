@@ -8,6 +8,8 @@ a regular `step_s` grid. With little history it falls back to the recent peak (p
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +18,7 @@ import numpy.typing as npt
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.ensemble import HistGradientBoostingRegressor
 from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
-from threadpoolctl import threadpool_limits  # type: ignore[import-untyped]  # no stubs
+from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]  # no stubs
 
 from scheduler_policy.errors import ModelFitError
 from scheduler_policy.model import DemandPoint
@@ -27,6 +29,21 @@ _DAY_S = 86400.0
 _WEEK_S = 7 * _DAY_S
 _MAX_GRID_POINTS = 2_000_000  # about 4 years per minute: a guard against a wrong unit
 _LAG_STEPS = (1, 5, 15, 30, 60)
+_AHEAD_STEPS = 32  # grid points `forecast_at` predicts at once
+
+
+@functools.cache
+def _threadpools() -> Any:
+    """The process's thread pools, found once: finding them reads ``/proc/self/maps``, which at
+    every prediction cost more than the prediction (scikit-learn's OpenMP runtime is loaded by
+    the import above, so it is among them)."""
+    return ThreadpoolController()
+
+
+def _one_openmp_thread() -> Any:
+    """A context in which OpenMP runs one thread: on a shared two-core machine more threads
+    spin against each other, and a 0.3 s fit can take ten times as long."""
+    return _threadpools().limit(limits=1, user_api="openmp")
 
 
 def _rolling_max(values: FloatArray, window: int) -> FloatArray:
@@ -59,12 +76,14 @@ class DemandForecaster(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
         min_history_points: fewer grid points than this (or less than two horizons) and the
             forecaster falls back to the recent peak.
         random_state: seed of the gradient-boosting fit.
+        holdout: whether ``fit`` also scores the model on its history's last day, held out
+            (``coverage_``, ``pinball_loss_``): a second fit, about as long as the first.
 
     Attributes:
         fallback_: True when the forecast is the recent peak, not a learned model.
         fallback_reason_: why, in a sentence; "" when not a fallback.
         coverage_: fraction of held-out peaks at or below the forecast; None without enough
-            history to hold some out.
+            history to hold some out, or without ``holdout``.
         pinball_loss_: mean pinball loss on the held-out peaks, GPUs; None likewise.
         t0_s_: the first grid time, seconds since the epoch.
         history_: demand on the grid, GPUs (the peak within each step, gaps carried forward).
@@ -79,12 +98,14 @@ class DemandForecaster(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
         step_s: float = 60.0,
         min_history_points: int = 120,
         random_state: int = 0,
+        holdout: bool = True,
     ) -> None:
         self.quantile = quantile
         self.horizon_s = horizon_s
         self.step_s = step_s
         self.min_history_points = min_history_points
         self.random_state = random_state
+        self.holdout = holdout
 
     def _check_hyperparameters(self) -> None:
         if not 0.0 < self.quantile < 1.0:
@@ -138,6 +159,7 @@ class DemandForecaster(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
             )
         self.n_features_in_ = 1
         self.t0_s_ = float(t[0])
+        self._ahead: tuple[int, list[float]] = (0, [])
         self.history_ = self._resample(t, gpus)
         self.coverage_: float | None = None
         self.pinball_loss_: float | None = None
@@ -163,7 +185,7 @@ class DemandForecaster(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
         # The held-out check needs the daily lag known somewhere in its training rows too: an
         # all-NaN column cannot be binned.
         lag_known = not self.use_daily_lag_ or train_end > round(_DAY_S / self.step_s)
-        if holdout >= h and train_end >= self.min_history_points and lag_known:
+        if self.holdout and holdout >= h and train_end >= self.min_history_points and lag_known:
             model = self._fit_model(features[:train_end], rise[:train_end])
             test = slice(rows - holdout, rows)
             forecast = self.history_[test] + np.maximum(model.predict(features[test]), 0.0)
@@ -197,9 +219,7 @@ class DemandForecaster(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
             random_state=self.random_state,
         )
         try:
-            # One OpenMP thread: on a shared two-core machine more threads spin against each
-            # other and a 0.3 s fit can take ten times as long.
-            with threadpool_limits(limits=1, user_api="openmp"):
+            with _one_openmp_thread():
                 model.fit(features, target)
         except (ValueError, FloatingPointError) as e:
             raise ModelFitError(f"DemandForecaster.fit: gradient boosting failed: {e}") from e
@@ -280,7 +300,7 @@ class DemandForecaster(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
             recent = _rolling_max(self.history_, self._horizon_steps + 1)[at]
             persisted: FloatArray = np.maximum(recent, 0.0)
             return persisted
-        with threadpool_limits(limits=1, user_api="openmp"):
+        with _one_openmp_thread():
             raw = self.model_.predict(self._features(self.history_, index))
         rise = np.maximum(np.asarray(raw, dtype=np.float64), 0.0)
         result: FloatArray = np.maximum(now + rise, 0.0)
@@ -289,11 +309,26 @@ class DemandForecaster(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
     def forecast_at(self, now_s: float) -> float:
         """`predict` at one time: GPUs the queue's non-elastic work may peak at by now + horizon.
 
+        An engine asks once per reconcile, at times that move forward: the first call predicts
+        the next ``_AHEAD_STEPS`` grid points in one pass (a prediction costs about the same for
+        one row as for dozens), and later calls within them are looked up. The values are those
+        ``predict`` gives at each time.
+
         Raises:
             NotFittedError: before `fit`.
             ValueError: now_s is before the first fitted time.
         """
-        return float(self.predict(np.array([[now_s]]))[0])
+        check_is_fitted(self)
+        if not (math.isfinite(now_s) and now_s >= self.t0_s_):
+            return float(self.predict(np.array([[now_s]]))[0])  # raises, naming the problem
+        index = math.floor((now_s - self.t0_s_) / self.step_s)
+        first, values = self._ahead
+        if not first <= index < first + len(values):
+            times = self.t0_s_ + (index + np.arange(_AHEAD_STEPS, dtype=np.float64)) * self.step_s
+            times[0] = now_s
+            first, values = index, self.predict(times[:, None]).tolist()
+            self._ahead = (first, values)
+        return float(values[index - first])
 
     @classmethod
     def from_points(cls, points: Sequence[DemandPoint], **hyper: Any) -> DemandForecaster:

@@ -122,8 +122,12 @@ class ModelCache:
         ):
             forecaster: DemandForecaster | None
             try:
+                # The engine reads the forecast only: no held-out score (a second fit).
                 forecaster = DemandForecaster.from_points(
-                    queue.demand_history, quantile=quantile, horizon_s=headroom.horizon_s
+                    queue.demand_history,
+                    quantile=quantile,
+                    horizon_s=headroom.horizon_s,
+                    holdout=False,
                 )
             except (ModelFitError, ValueError) as e:
                 # Remembered like a fit, so the next try (and warning) waits for the refit time.

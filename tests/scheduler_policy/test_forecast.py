@@ -196,3 +196,26 @@ def test_a_failed_forecast_is_not_retried_every_round(monkeypatch: pytest.Monkey
     assert len(calls) == 1
     assert cache.forecast_gpus(queue, headroom, now_s=1700.0) == 0.0  # refit time passed
     assert len(calls) == 2
+
+
+def test_forecast_at_gives_what_predict_gives_at_each_time() -> None:
+    """A reconcile every 30 s, across several look-ahead blocks and back in time."""
+    t, y = make_daily_cycle(3, seed=2)
+    model = DemandForecaster(quantile=0.9).fit(t[:, None], y)
+    times = [*(t[-1] - 600.0 + 30.0 * np.arange(200)), t[-1] - 3 * DAY_S / 2, t[-1] + 7 * DAY_S]
+    expected = model.predict(np.array(times)[:, None])
+    assert [model.forecast_at(s) for s in times] == expected.tolist()
+    with pytest.raises(ValueError, match="first fitted time"):
+        model.forecast_at(START_S - 1.0)
+    with pytest.raises(ValueError):
+        model.forecast_at(float("nan"))
+
+
+def test_without_holdout_the_model_is_the_same_and_unscored() -> None:
+    t, y = make_daily_cycle(3, seed=3)
+    scored = DemandForecaster(quantile=0.9).fit(t[:, None], y)
+    unscored = DemandForecaster(quantile=0.9, holdout=False).fit(t[:, None], y)
+    assert scored.coverage_ is not None and scored.pinball_loss_ is not None
+    assert unscored.coverage_ is None and unscored.pinball_loss_ is None
+    at = t[-720:, None]
+    np.testing.assert_array_equal(unscored.predict(at), scored.predict(at))
