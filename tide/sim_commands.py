@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -357,10 +358,22 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1) from e
         best_policy: ElasticPolicy = dataclasses.replace(best, name=f"{base.name}-tuned")
         (out / "best-policy.yaml").write_text(policy_yaml(best_policy))
-        table = Table(title=f"tide tune: {len(trials)} trials, objective {space.objective}")
         names = sorted({n for p, _ in trials for n in p})
+        table = Table(
+            title=f"tide tune: {len(trials)} trials, objective {space.objective}",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            collapse_padding=True,
+            caption="defaults.* parameters are shown without the prefix"
+            if any(n.startswith("defaults.") for n in names)
+            else None,
+        )
+        # Headers break at their underscores, so that every name is whole in an 80-column
+        # terminal (an ellipsis would leave every "defaults." column unreadable).
         for col in ("rank", *names, space.objective):
-            table.add_column(col, justify="right")
+            header = col.removeprefix("defaults.").replace("_", "_\n")
+            widest = max(map(len, header.splitlines()))
+            table.add_column(header, justify="right", overflow="fold", min_width=widest)
         for rank, (params, value) in enumerate(sorted(trials, key=lambda t: t[1])[:15], 1):
             table.add_row(
                 str(rank), *(f"{params.get(n, math.nan):g}" for n in names), format_number(value, 3)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import typer
@@ -80,14 +81,15 @@ def test_unknown_policy_is_an_error(tmp_path: Path) -> None:
 
 
 def test_compare_two_policy_files(tmp_path: Path) -> None:
-    for name, interval in (("fast", "30s"), ("slow", "5m")):
+    slow = "slow-research-and-production"  # a long name must not push columns off 80 columns
+    for name, interval in (("fast", "30s"), (slow, "5m")):
         (tmp_path / f"{name}.yaml").write_text(POLICY % (name, interval))
     result = runner.invoke(
         app,
         [
             "compare",
             str(tmp_path / "fast.yaml"),
-            str(tmp_path / "slow.yaml"),
+            str(tmp_path / f"{slow}.yaml"),
             "--duration",
             "2",
             "--out",
@@ -98,7 +100,24 @@ def test_compare_two_policy_files(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     doc = json.loads((tmp_path / "c.json").read_text())
-    assert [s["policy"] for s in doc["summaries"]] == ["fast", "slow"]
+    assert [s["policy"] for s in doc["summaries"]] == ["fast", slow]
+    lines = result.output.splitlines()
+    assert max(map(len, lines)) <= 80
+    header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["policy"])
+    assert lines[header - 2].split()[-1] == "guar."  # the last column is there, whole
+    assert lines[header].split()[-1] == "min"
+    words = " ".join(result.output.split())
+    assert "useful util: GPU time that made progress." in words  # the caption loses nothing
+    names: list[str] = []
+    for line in lines[header + 2 :]:
+        if not line.strip():
+            break
+        cells = line.split()
+        if len(cells) > 1:
+            names.append(cells[0])
+        else:
+            names[-1] += cells[0]  # a long name folds onto the next line
+    assert names == ["fast", slow]
 
 
 def test_tune_writes_trials_and_best_policy(tmp_path: Path) -> None:
@@ -157,3 +176,33 @@ def test_yaml_errors_in_cluster_and_space_files_name_line_and_column(tmp_path: P
         text = " ".join(result.output.split())
         assert result.exit_code == 1, result.output
         assert f"{broken}" in text and "line 3, column " in text and "invalid YAML:" in text
+
+
+def test_tune_table_names_every_parameter_whole_in_80_columns(tmp_path: Path) -> None:
+    names = [
+        "interval_s",
+        "defaults.cooldown_s",
+        "defaults.tolerance",
+        "defaults.max_step_up",
+        "defaults.max_step_down",
+        "defaults.window_down_s",
+        "defaults.assumed_remaining_s",
+    ]
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "method: random\ntrials: 2\nparameters:\n" + "".join(f"  {n}: [1, 2]\n" for n in names)
+    )
+    result = runner.invoke(app, ["tune", str(space), "--duration", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(map(len, lines)) <= 80 and "…" not in result.output
+    rule = next(i for i, line in enumerate(lines) if line.lstrip().startswith("───"))
+    # Each header is its name's lines, right-aligned in its column: read them column by column.
+    header = lines[rule - 3 : rule]
+    ends = [m.end() for m in re.finditer(r"\S+", header[-1])]
+    starts = [0, *ends[:-1]]
+    shown = [
+        "".join(line[a:b].strip() for line in header) for a, b in zip(starts, ends, strict=True)
+    ]
+    assert shown == ["rank", *(n.removeprefix("defaults.") for n in sorted(names)), "avg_jct_h"]
+    assert "defaults.* parameters are shown without the prefix" in result.output
