@@ -119,8 +119,19 @@ def load_search_space(path: Path) -> SearchSpace:
     return SearchSpace(method, trials, int(data.get("seed", 0)), objective, choices, ranges)
 
 
+def distinct_sets(space: SearchSpace) -> float:
+    """How many different parameter sets the space holds (infinite with a range)."""
+    if space.ranges:
+        return math.inf
+    return float(math.prod(len(set(v)) for v in space.choices.values()))
+
+
 def candidates(space: SearchSpace) -> list[dict[str, float]]:
-    """Every parameter set to try (grid: the product; random: ``trials`` seeded draws)."""
+    """Every parameter set to try (grid: the product; random: ``trials`` seeded draws).
+
+    Random draws never repeat a set: a repeat would cost a whole trial to learn nothing. When
+    the space holds fewer sets than ``trials``, each runs once, in a seeded random order.
+    """
     if space.method == "grid":
         names = list(space.choices)
         return [
@@ -128,11 +139,19 @@ def candidates(space: SearchSpace) -> list[dict[str, float]]:
             for combo in itertools.product(*(space.choices[n] for n in names))
         ]
     rng = np.random.default_rng(space.seed)
-    out = []
-    for _ in range(space.trials):
+    if distinct_sets(space) <= space.trials:
+        names = list(space.choices)
+        grid = list(itertools.product(*(sorted(set(space.choices[n])) for n in names)))
+        return [dict(zip(names, grid[i], strict=True)) for i in rng.permutation(len(grid))]
+    out: list[dict[str, float]] = []
+    seen: set[tuple[float, ...]] = set()
+    while len(out) < space.trials:
         params = {n: float(rng.choice(v)) for n, v in space.choices.items()}
         params.update({n: float(rng.uniform(lo, hi)) for n, (lo, hi) in space.ranges.items()})
-        out.append(params)
+        key = tuple(params.values())
+        if key not in seen:
+            seen.add(key)
+            out.append(params)
     return out
 
 
@@ -176,8 +195,11 @@ def tune(
     out_dir: Path,
     workers: int = 2,
     on_trial: Callable[[int, int], None] | None = None,
-) -> tuple[ElasticPolicy, list[tuple[dict[str, float], float]]]:
+) -> TuneResult:
     """Run every candidate; append each finished trial to ``out_dir/trials.csv``.
+
+    An interrupt (Ctrl-C) cancels the trials not started, lets those running end, and returns
+    what finished, marked ``interrupted``.
 
     Args:
         space: the search space.
@@ -190,37 +212,66 @@ def tune(
         on_trial: called with (finished, total) after each trial.
 
     Returns:
-        The best policy and every finished trial ``(params, objective)``.
+        The best policy and every finished trial.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = candidates(space)
     names = sorted({n for c in todo for n in c})
     trials: list[tuple[dict[str, float], float]] = []
-    with (out_dir / "trials.csv").open("w", newline="") as f, ProcessPoolExecutor(workers) as pool:
+    futures: dict[Future[list[Summary]], tuple[int, dict[str, float]]] = {}
+    interrupted = False
+    with (out_dir / "trials.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["trial", *names, space.objective])
         f.flush()
-        futures: dict[Future[list[Summary]], tuple[int, dict[str, float]]] = {
-            pool.submit(_trial, apply_params(base_policy, p), workloads, cluster, options): (i, p)
-            for i, p in enumerate(todo)
-        }
-        pending = set(futures)
-        try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    index, params = futures[future]
-                    value = objective_of(future.result(), space.objective)
-                    trials.append((params, value))
-                    writer.writerow([index, *(params.get(n, "") for n in names), value])
-                    f.flush()
-                    if on_trial is not None:
-                        on_trial(len(trials), len(todo))
-        except KeyboardInterrupt:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+
+        def record(future: Future[list[Summary]]) -> None:
+            index, params = futures[future]
+            value = objective_of(future.result(), space.objective)
+            trials.append((params, value))
+            writer.writerow([index, *(params.get(n, "") for n in names), value])
+            f.flush()
+            if on_trial is not None:
+                on_trial(len(trials), len(todo))
+
+        with ProcessPoolExecutor(workers) as pool:
+            for i, params in enumerate(todo):
+                policy = apply_params(base_policy, params)
+                futures[pool.submit(_trial, policy, workloads, cluster, options)] = (i, params)
+            pending = set(futures)
+            try:
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        record(future)
+            except KeyboardInterrupt:
+                interrupted = True
+                pool.shutdown(wait=True, cancel_futures=True)
+        # The trials that were running have ended: those that finished count (a terminal's
+        # Ctrl-C reaches the workers too, and their trials fail instead).
+        for future in pending if interrupted else ():
+            if future.done() and not future.cancelled() and future.exception() is None:
+                record(future)
     best = min(trials, key=lambda t: t[1])[0] if trials else {}
-    return apply_params(base_policy, best), trials
+    return TuneResult(apply_params(base_policy, best), trials, len(todo), interrupted)
+
+
+@dataclass(frozen=True, slots=True)
+class TuneResult:
+    """What ``tune`` found.
+
+    Attributes:
+        best: the base policy with the best finished trial's parameters (the base policy
+            itself when no trial finished).
+        trials: every finished trial, ``(params, objective)``, in the order they finished.
+        planned: how many trials were to run.
+        interrupted: whether an interrupt stopped the search before every trial finished.
+    """
+
+    best: ElasticPolicy
+    trials: list[tuple[dict[str, float], float]]
+    planned: int
+    interrupted: bool = False
 
 
 def policy_yaml(policy: ElasticPolicy) -> str:

@@ -25,7 +25,7 @@ from simulations.controllers import BASELINE_NAMES
 from simulations.errors import SimulationError
 from simulations.faults import FaultOptions
 from simulations.run import RunOptions
-from simulations.tune import load_search_space, policy_yaml, tune
+from simulations.tune import distinct_sets, load_search_space, policy_yaml, tune
 from simulations.workload import DEFAULT_DURATION_S, DEFAULT_LOAD, Workload
 
 DEFAULT_DURATION_H = DEFAULT_DURATION_S / 3600
@@ -328,6 +328,11 @@ def register(app: typer.Typer) -> None:
                     )
                     for s in _seed_list(seeds)
                 ]
+            if space.method == "random" and distinct_sets(space) < space.trials:
+                console.print(
+                    f"note: the search space holds {distinct_sets(space):.0f} parameter sets, "
+                    f"fewer than the {space.trials} trials asked for: each runs once"
+                )
             with Progress(
                 TextColumn("tuning"),
                 BarColumn(),
@@ -340,7 +345,7 @@ def register(app: typer.Typer) -> None:
                 def on_trial(done: int, total: int) -> None:
                     progress.update(task, completed=done, total=total)
 
-                best, trials = tune(
+                result = tune(
                     space=space,
                     base_policy=base,
                     workloads=workloads,
@@ -356,11 +361,20 @@ def register(app: typer.Typer) -> None:
         except (SimulationError, TideError) as e:
             console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(1) from e
-        best_policy: ElasticPolicy = dataclasses.replace(best, name=f"{base.name}-tuned")
+        trials = result.trials
+        if not trials:
+            console.print("interrupted before any trial finished; no policy written")
+            raise typer.Exit(130)
+        best_policy: ElasticPolicy = dataclasses.replace(result.best, name=f"{base.name}-tuned")
         (out / "best-policy.yaml").write_text(policy_yaml(best_policy))
         names = sorted({n for p, _ in trials for n in p})
+        done = (
+            f"{len(trials)} of {result.planned} trials (interrupted)"
+            if result.interrupted
+            else f"{len(trials)} trials"
+        )
         table = Table(
-            title=f"tide tune: {len(trials)} trials, objective {space.objective}",
+            title=f"tide tune: {done}, objective {space.objective}",
             box=box.SIMPLE_HEAD,
             pad_edge=False,
             collapse_padding=True,
@@ -379,9 +393,12 @@ def register(app: typer.Typer) -> None:
                 str(rank), *(f"{params.get(n, math.nan):g}" for n in names), format_number(value, 3)
             )
         console.print(table)
-        console.print(f"best policy: {out / 'best-policy.yaml'}; trials: {out / 'trials.csv'}")
+        best_label = "best policy of the finished trials" if result.interrupted else "best policy"
+        console.print(f"{best_label}: {out / 'best-policy.yaml'}; trials: {out / 'trials.csv'}")
         (out / "trials.json").write_text(
             json.dumps(
                 [{"params": p, "objective": v if math.isfinite(v) else None} for p, v in trials]
             )
         )
+        if result.interrupted:
+            raise typer.Exit(130)

@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -206,3 +207,42 @@ def test_tune_table_names_every_parameter_whole_in_80_columns(tmp_path: Path) ->
     ]
     assert shown == ["rank", *(n.removeprefix("defaults.") for n in sorted(names)), "avg_jct_h"]
     assert "defaults.* parameters are shown without the prefix" in result.output
+
+
+def test_an_interrupted_tune_writes_the_best_of_the_finished_trials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import simulations.tune as tune_module
+
+    real_wait = tune_module.wait
+    calls = []
+
+    def wait_then_interrupt(fs, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real_wait(fs, **kwargs)
+
+    monkeypatch.setattr(tune_module, "wait", wait_then_interrupt)
+    space = tmp_path / "space.yaml"
+    space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [60, 120, 300, 600]\n")
+    out = tmp_path / "tune"
+    result = runner.invoke(
+        app, ["tune", str(space), "--duration", "1", "--workers", "1", "--out", str(out)]
+    )
+    assert result.exit_code == 130, result.output
+    text = " ".join(result.output.split())
+    assert "of 4 trials (interrupted)" in text and "best policy of the finished trials" in text
+    from scheduler_policy.policy_file import load_policy
+
+    assert load_policy(out / "best-policy.yaml").defaults.cooldown_s in (60.0, 120.0, 300.0, 600.0)
+
+
+def test_tune_says_when_the_space_holds_fewer_sets_than_trials(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("method: random\ntrials: 5\nparameters:\n  defaults.cooldown_s: [60, 600]\n")
+    result = runner.invoke(app, ["tune", str(space), "--duration", "1", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "holds 2 parameter sets, fewer than the 5 trials asked for: each runs once" in text
+    assert "tide tune: 2 trials" in text
