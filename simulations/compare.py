@@ -107,6 +107,16 @@ def run_comparison(
     )
     if workload.skipped_rows:
         console.print(f"skipped {workload.skipped_rows} bad trace row(s)")
+    faults = options.faults
+    if faults.node_mtbf_s is not None or faults.outage_every_s is not None:
+        # The same seeded faults for every policy; a run that lasts longer sees more of them.
+        longest = max(summaries, key=lambda s: s.makespan_h)
+        console.print(
+            f"faults injected (seed {faults.seed}) during the longest run ({longest.policy}): "
+            f"{longest.node_failures} node failure(s) ({longest.node_down_hours:.1f} node-hours "
+            f"down), {longest.metrics_outages} metrics outage(s) "
+            f"({longest.metrics_outage_minutes:.0f} min); per policy in the JSON report"
+        )
     for summary in summaries:
         if summary.finished < summary.jobs:
             console.print(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +25,15 @@ class FaultOptions:
     outage_every_s: float | None = None
     outage_s: float = 600.0
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("node_mtbf_s", "node_repair_s", "outage_every_s", "outage_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                # NaN would never pass the end of the span: the draws would fill the memory.
+                raise ValueError(f"FaultOptions.{name} must be a finite number > 0, got {value}")
+        if self.seed < 0:
+            raise ValueError(f"FaultOptions.seed must be >= 0, got {self.seed}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,9 @@ class Summary:
         work_done_ratio: work done / work asked (1 when every job finished).
         skipped_rows: bad trace rows skipped.
         wall_s: wall-clock seconds of the run.
+        node_failures / node_down_hours: injected node failures during the run, and the
+            node-hours they took down.
+        metrics_outages / metrics_outage_minutes: injected metrics outages during the run.
     """
 
     policy: str
@@ -63,6 +66,10 @@ class Summary:
     work_done_ratio: float
     skipped_rows: int
     wall_s: float
+    node_failures: int = 0
+    node_down_hours: float = 0.0
+    metrics_outages: int = 0
+    metrics_outage_minutes: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready dict (NaN becomes None)."""
@@ -129,6 +136,10 @@ def summarize(result: SimResult) -> Summary:
         work_done_ratio=sum(j.done_units for j in result.jobs) / asked if asked else 1.0,
         skipped_rows=result.skipped_rows,
         wall_s=result.wall_s,
+        node_failures=result.node_failures,
+        node_down_hours=result.node_down_s / h,
+        metrics_outages=result.metrics_outages,
+        metrics_outage_minutes=result.metrics_outage_s / 60.0,
     )
 
 

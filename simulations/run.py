@@ -13,6 +13,7 @@ import heapq
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from simulations.cluster import MetricsOptions, SimulatedCluster
@@ -46,6 +47,13 @@ class RunOptions:
     horizon_s: float | None = None
     faults: FaultOptions = field(default_factory=FaultOptions)
     metrics: MetricsOptions = field(default_factory=MetricsOptions)
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "quiet_interval_s", "horizon_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                # Zero, negative or NaN would stop simulated time from moving on.
+                raise ValueError(f"RunOptions.{name} must be a finite number > 0, got {value}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +112,10 @@ class SimResult:
         writes: replica changes written.
         skipped_rows: bad trace rows skipped while loading.
         wall_s: wall-clock seconds the run took.
+        node_failures: injected node failures that began before the run stopped.
+        node_down_s: node-seconds those nodes were down before the run stopped.
+        metrics_outages: injected metrics outages that began before the run stopped.
+        metrics_outage_s: seconds of those outages before the run stopped.
     """
 
     policy: str
@@ -120,6 +132,10 @@ class SimResult:
     writes: int
     skipped_rows: int
     wall_s: float
+    node_failures: int = 0
+    node_down_s: float = 0.0
+    metrics_outages: int = 0
+    metrics_outage_s: float = 0.0
 
 
 def _record(job: SimJob) -> JobRecord:
@@ -252,7 +268,16 @@ def simulate(
         writes=sim.writes,
         skipped_rows=workload.skipped_rows,
         wall_s=time.perf_counter() - started,
+        node_failures=sum(1 for f in failures if f.start_s < sim.now_s),
+        node_down_s=_seen(((f.start_s, f.end_s) for f in failures), sim.now_s),
+        metrics_outages=sum(1 for start, _ in metrics.outages if start < sim.now_s),
+        metrics_outage_s=_seen(metrics.outages, sim.now_s),
     )
+
+
+def _seen(intervals: Iterable[tuple[float, float]], end_s: float) -> float:
+    """Seconds of ``intervals`` before ``end_s``."""
+    return sum(max(0.0, min(stop, end_s) - start) for start, stop in intervals)
 
 
 def rigid_workload(workload: Workload) -> Workload:

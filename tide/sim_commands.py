@@ -144,14 +144,25 @@ def _options(
     outage_h: float | None,
     quiet_s: float | None,
 ) -> RunOptions:
+    for flag, value, unit, unset in (
+        ("--horizon", horizon_h, "hours", "to run every job to its end"),
+        ("--node-mtbf", mtbf_h, "hours", "for no node failures"),
+        ("--metrics-outage-every", outage_h, "hours", "for no outages"),
+        ("--quiet-interval", quiet_s, "seconds", "for the policy's interval"),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise typer.BadParameter(
+                f"must be a finite number of {unit} > 0, got {value:g} (leave it out {unset})",
+                param_hint=flag,
+            )
     faults = FaultOptions(
-        node_mtbf_s=mtbf_h * 3600 if mtbf_h else None,
-        outage_every_s=outage_h * 3600 if outage_h else None,
+        node_mtbf_s=mtbf_h * 3600 if mtbf_h is not None else None,
+        outage_every_s=outage_h * 3600 if outage_h is not None else None,
         seed=seed,
     )
     base = RunOptions()
     return RunOptions(
-        horizon_s=horizon_h * 3600 if horizon_h else None,
+        horizon_s=horizon_h * 3600 if horizon_h is not None else None,
         faults=faults,
         metrics=dataclasses.replace(base.metrics, seed=seed),
         quiet_interval_s=quiet_s,
@@ -297,7 +308,7 @@ def register(app: typer.Typer) -> None:
         policy_file: Annotated[
             Path | None, typer.Option("--policy", help="Base policy whose parameters vary.")
         ] = None,
-        workers: Annotated[int, typer.Option("--workers", help="Worker processes.")] = 2,
+        workers: Annotated[int, typer.Option("--workers", min=1, help="Worker processes.")] = 2,
         duration_h: DurationOpt = DEFAULT_DURATION_H,
         load: LoadOpt = DEFAULT_LOAD,
         out: OutOpt = Path("tide-tune-out"),

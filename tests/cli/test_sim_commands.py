@@ -246,3 +246,50 @@ def test_tune_says_when_the_space_holds_fewer_sets_than_trials(tmp_path: Path) -
     text = " ".join(result.output.split())
     assert "holds 2 parameter sets, fewer than the 5 trials asked for: each runs once" in text
     assert "tide tune: 2 trials" in text
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--horizon", "nan"),
+        ("--horizon", "-1"),
+        ("--quiet-interval", "-5"),  # once looped forever
+        ("--quiet-interval", "0"),
+        ("--node-mtbf", "nan"),  # once drew failures until the memory ran out
+        ("--node-mtbf", "0"),
+        ("--metrics-outage-every", "nan"),
+        ("--metrics-outage-every", "-1"),
+    ],
+)
+def test_simulate_refuses_a_time_option_that_is_not_positive(
+    tmp_path: Path, flag: str, value: str
+) -> None:
+    out = tmp_path / "o"
+    result = runner.invoke(
+        app, ["simulate", flag, value, "--policies", "static", "--out", str(out)]
+    )
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for {flag}: must be a finite number of" in text
+    assert not out.exists()
+
+
+def test_tune_refuses_zero_workers(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("parameters:\n  defaults.cooldown_s: [60, 600]\n")
+    result = runner.invoke(app, ["tune", str(space), "--workers", "0", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--workers" in result.output
+
+
+def test_simulate_says_what_faults_it_injected(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        ["simulate", "--duration", "2", "--policies", "tide,static", "--node-mtbf", "6",
+         "--metrics-outage-every", "1", "--seed", "4", "--out", str(tmp_path / "o"),
+         "--json", str(tmp_path / "r.json")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "faults injected (seed 4) during the longest run" in text
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert all(s["node_failures"] > 0 and s["metrics_outages"] > 0 for s in doc["summaries"])

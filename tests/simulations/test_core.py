@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from scheduler_policy.model import JobKey
+from simulations.faults import FaultOptions
+from simulations.run import RunOptions
 from simulations.volcano import run_session
 from tests.simulations.helpers import make_job, make_sim
 
@@ -70,3 +72,27 @@ def test_node_failure_below_min_requeues_the_job() -> None:
     sim.repair_node(0)
     run_session(sim)
     assert len(job.pods) == 4
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"node_mtbf_s": float("nan")},
+        {"node_mtbf_s": -1.0},
+        {"outage_every_s": float("nan")},
+        {"node_repair_s": 0.0},
+        {"outage_s": float("inf")},
+        {"seed": -1},
+    ],
+)
+def test_fault_options_refuse_what_would_never_end(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="FaultOptions"):
+        FaultOptions(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "bad", [{"interval_s": 0.0}, {"quiet_interval_s": -5.0}, {"horizon_s": float("nan")}]
+)
+def test_run_options_refuse_times_that_would_not_move_on(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="RunOptions"):
+        RunOptions(**bad)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler_policy.engine import reconcile
 from scheduler_policy.model import JobKey, QueueName
 from scheduler_policy.models_cache import ModelCache
 from scheduler_policy.policy import ElasticPolicy, QueuePolicy
 from simulations.api import PolicyRun, default_policy_for, run_policies
 from simulations.cluster_config import BUILTIN_CLUSTER
+from simulations.faults import FaultOptions, plan_faults
 from simulations.report import summarize
 from simulations.run import RunOptions
 from simulations.volcano import run_session
@@ -66,3 +69,29 @@ def test_builtin_comparison_runs_every_policy() -> None:
         assert abs(s.work_done_ratio - 1.0) < 1e-9
     assert results[1].writes == 0  # static never resizes
     assert results[0].writes > 0  # tide does, on this workload
+
+
+def test_the_report_counts_the_faults_each_run_saw() -> None:
+    workload = generate_workload(seed=2, duration_s=4 * 3600.0)
+    faults = FaultOptions(node_mtbf_s=6 * 3600.0, outage_every_s=3600.0, seed=4)
+    options = RunOptions(faults=faults)
+    failures, outages = plan_faults(
+        faults, nodes=BUILTIN_CLUSTER.nodes, span_s=workload.jobs[-1].submit_s + 30 * 86400.0
+    )
+    results = run_policies(
+        [
+            PolicyRun("tide", "tide", default_policy_for(BUILTIN_CLUSTER)),
+            PolicyRun("static", "static"),
+        ],
+        workload=workload,
+        cluster=BUILTIN_CLUSTER,
+        options=options,
+    )
+    for result in results:
+        seen = [f for f in failures if f.start_s < result.end_s]
+        summary = summarize(result)
+        assert summary.node_failures == len(seen) > 0
+        down = sum(min(f.end_s, result.end_s) - f.start_s for f in seen)
+        assert summary.node_down_hours == pytest.approx(down / 3600.0)
+        assert summary.metrics_outages == sum(1 for start, _ in outages if start < result.end_s)
+        assert summary.metrics_outages > 0
