@@ -81,6 +81,8 @@ def detect_format(path: Path) -> str:
         return "philly"
     if "job_id" in header and "submit_s" in header:
         return "tide"
+    if header == [""]:
+        raise SimulationError(f"{path}: empty file (a trace starts with its header line)")
     raise SimulationError(f"{path}:1: unknown trace header {','.join(header)}")
 
 
@@ -134,24 +136,31 @@ def load_workload(
     fmt = detect_format(trace) if trace_format == "auto" else trace_format
     if fmt == "pollux":
         traces_dir = pollux_traces or trace.resolve().parent.parent / "traces"
-        return load_pollux_workload(
+        workload = load_pollux_workload(
             trace, traces_dir=traces_dir, gpus_per_node=gpus_per_node, skip_bad_rows=skip_bad_rows
         )
-    if fmt == "philly":
-        return load_philly(
+    elif fmt == "philly":
+        workload = load_philly(
             trace, seed=seed, elastic_fraction=elastic_fraction, skip_bad_rows=skip_bad_rows
         )
-    if fmt == "itp":
-        return load_itp(
+    elif fmt == "itp":
+        workload = load_itp(
             trace,
             member=member,
             seed=seed,
             elastic_fraction=elastic_fraction,
             skip_bad_rows=skip_bad_rows,
         )
-    if fmt == "tide":
-        return load_tide_trace(trace, skip_bad_rows=skip_bad_rows)
-    raise SimulationError(f"unknown trace format {fmt!r}; known: {', '.join(TRACE_FORMATS)}")
+    elif fmt == "tide":
+        workload = load_tide_trace(trace, skip_bad_rows=skip_bad_rows)
+    else:
+        raise SimulationError(f"unknown trace format {fmt!r}; known: {', '.join(TRACE_FORMATS)}")
+    if not workload.jobs:
+        # An empty replay would print a table of NaNs: almost surely the wrong file.
+        skipped = f", {workload.skipped_rows} bad row(s) skipped" if workload.skipped_rows else ""
+        where = f"{trace}" + (f" ({member})" if fmt == "itp" else "")
+        raise SimulationError(f"{where}: no jobs to replay{skipped}")
+    return workload
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,6 +98,12 @@ BUILTIN_CLUSTER = ClusterSpec(
 ``production`` queue (weight 1, 8 GPUs guaranteed, not reclaimable)."""
 
 
+MAX_NODES = 100_000
+"""Most nodes a cluster file may have: the simulator keeps a list entry per node (the largest
+GPU clusters in service have some tens of thousands)."""
+MAX_GPUS_PER_NODE = 1024
+
+
 def _number(data: Mapping[str, Any], key: str, where: str, problems: list[str]) -> float | None:
     value = data.get(key)
     if value is None:
@@ -138,9 +144,12 @@ def parse_cluster(data: Any, *, source: str) -> ClusterSpec:
     }
     problems += [f"{k}: unknown field" for k in data if k not in known]
     nodes, gpn = data.get("nodes"), data.get("gpus_per_node")
-    for key, value in (("nodes", nodes), ("gpus_per_node", gpn)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            problems.append(f"{key}: must be an integer >= 1, got {value!r}")
+    for key, value, most in (
+        ("nodes", nodes, MAX_NODES),
+        ("gpus_per_node", gpn, MAX_GPUS_PER_NODE),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            problems.append(f"{key}: must be an integer from 1 to {most:,}, got {value!r}")
     restart = _number(data, "restart_cost_s", "cluster", problems)
     overcommit = _number(data, "overcommit_factor", "cluster", problems)
     reclaim = data.get("reclaim", True)

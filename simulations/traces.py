@@ -143,7 +143,13 @@ def load_philly(
     origin = min(stamps, default=0.0)
 
     def build(line: int, row: Row) -> WorkloadJob:
-        submit = datetime.fromisoformat(row["timestamp"]).timestamp() - origin
+        try:
+            stamp = datetime.fromisoformat(row["timestamp"]).timestamp()
+        except ValueError:
+            raise ValueError(
+                f"timestamp must be YYYY-MM-DD HH:MM:SS, got {row['timestamp']!r}"
+            ) from None
+        submit = stamp - origin
         return duration_job(
             key=f"philly-{line}",
             submit_s=submit,

@@ -13,7 +13,7 @@ import pytest
 
 from simulations.api import detect_format, load_workload
 from simulations.cluster_config import BUILTIN_CLUSTER, load_cluster
-from simulations.errors import ClusterFileError, TraceError
+from simulations.errors import ClusterFileError, SimulationError, TraceError
 from simulations.pollux import load_pollux_workload
 from simulations.traces import load_itp, load_philly, load_tide_trace
 from simulations.workload import Workload, _clipped_lognormal_mean, generate_workload
@@ -101,8 +101,13 @@ def test_philly_and_itp_small_files(tmp_path: Path) -> None:
         ("nodes: 1\ngpus_per_node: 4\nqueues: [{name: a, guarantee_gpus: 9}]\n", "guarantees"),
         ("nodes: 1\ngpus_per_node: 4\nqueues: [{name: a}, {name: a}]\n", "duplicate"),
         ("nodes: 1\ngpus_per_node: 4\nqueues: [{name: a, wieght: 2}]\n", "unknown field"),
+        (
+            "nodes: 1000000000\ngpus_per_node: 8\nqueues: [{name: a}]\n",
+            "nodes: must be an integer from 1 to 100,000, got 1000000000",
+        ),
+        ("nodes: 2\ngpus_per_node: 4096\nqueues: [{name: a}]\n", "gpus_per_node: must be an"),
     ],
-    ids=["zero-nodes", "over-guaranteed", "duplicate-queue", "typo"],
+    ids=["zero-nodes", "over-guaranteed", "duplicate-queue", "typo", "too-many-nodes", "huge-node"],
 )
 def test_cluster_file_problems(tmp_path: Path, text: str, problem: str) -> None:
     path = tmp_path / "c.yaml"
@@ -192,3 +197,31 @@ def test_real_pollux_workload() -> None:
 def test_real_itp_cluster04() -> None:
     w = load_workload(trace=ITP, member="cluster04.csv")
     assert len(w.jobs) == 15802
+
+
+PHILLY_HEADER = "timestamp,duration,num_gpus,gpu_time,cluster\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "skip", "says"),
+    [
+        ("", False, "empty.csv: empty file (a trace starts with its header line)"),
+        (PHILLY_HEADER, False, "empty.csv: no jobs to replay"),
+        (PHILLY_HEADER + "x,1,1,1,a\n", True, "empty.csv: no jobs to replay, 1 bad row(s) skipped"),
+    ],
+    ids=["empty-file", "header-only", "every-row-bad"],
+)
+def test_a_trace_with_no_jobs_is_refused(tmp_path: Path, text: str, skip: bool, says: str) -> None:
+    path = tmp_path / "empty.csv"
+    path.write_text(text)
+    with pytest.raises(SimulationError, match=re.escape(says)):
+        load_workload(trace=path, skip_bad_rows=skip)
+
+
+def test_a_philly_timestamp_that_is_not_a_date_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "p.csv"
+    path.write_text(PHILLY_HEADER + "2017-10-09 07:01:55,66.0,1,66.0,a\nnot-a-date,5,1,5,a\n")
+    with pytest.raises(
+        TraceError, match=re.escape("p.csv:3: timestamp must be YYYY-MM-DD HH:MM:SS, got 'not-a")
+    ):
+        load_philly(path)
