@@ -14,7 +14,7 @@ from rich.table import Table
 from simulations.api import PolicyRun, run_one, write_json_report
 from simulations.cluster_config import ClusterSpec
 from simulations.plots import plot_all
-from simulations.report import Summary, summarize
+from simulations.report import Summary, jct_lower_bound_h, summarize
 from simulations.run import RunOptions, SimResult
 from simulations.workload import Workload
 
@@ -107,6 +107,11 @@ def run_comparison(
     )
     if workload.skipped_rows:
         console.print(f"skipped {workload.skipped_rows} bad trace row(s)")
+    bound_h = jct_lower_bound_h(workload)
+    console.print(
+        f"no policy can bring the average JCT of all jobs below {bound_h:.2f} h (each job alone on "
+        "the cluster at its fastest size, never queued)"
+    )
     faults = options.faults
     if faults.node_mtbf_s is not None or faults.outage_every_s is not None:
         # The same seeded faults for every policy; a run that lasts longer sees more of them.
@@ -130,6 +135,7 @@ def run_comparison(
         "gpus": cluster.total_gpus,
         "jobs": len(workload.jobs),
         "skipped_rows": workload.skipped_rows,
+        "avg_jct_lower_bound_h": bound_h,
     }
     write_json_report(out_dir / "report.json", summaries, meta=meta)
     if json_path is not None:

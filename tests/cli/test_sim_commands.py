@@ -45,6 +45,9 @@ def test_simulate_writes_report_and_plots(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads((tmp_path / "r.json").read_text())
     assert [s["policy"] for s in doc["summaries"]] == ["tide", "static"]
+    bound = doc["meta"]["avg_jct_lower_bound_h"]
+    assert 0 < bound <= min(s["avg_jct_h"] for s in doc["summaries"])
+    assert f"below {bound:.2f} h" in " ".join(result.output.split())
     assert {p.name for p in out.iterdir()} == {
         "report.json",
         "jct_cdf.png",
