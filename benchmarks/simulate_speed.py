@@ -7,12 +7,16 @@ skipped with a message. Targets: <= 5 s per Pollux workload (64 GPUs), <= 60 s f
 One more case runs the built-in workload (seed 0) with the example policy
 ``manifests/policies/research-and-production.yaml``, whose demand forecast refits a gradient-
 boosted model every 10 simulated minutes: the cost a forecasting policy adds to a simulation.
+Last, all six policies on ITP cluster04's first 7 days, as `tide simulate` runs them, in one
+process and in two, alternated three times; the two must give the same results.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -20,8 +24,16 @@ from rich.console import Console
 from rich.table import Table
 
 from scheduler_policy.policy_file import load_policy
-from simulations.api import SHARED_TRACES, PolicyRun, default_policy_for, load_workload, run_one
+from simulations.api import (
+    SHARED_TRACES,
+    PolicyRun,
+    default_policy_for,
+    load_workload,
+    run_one,
+    run_policies,
+)
 from simulations.cluster_config import BUILTIN_CLUSTER, load_cluster
+from simulations.controllers import BASELINE_NAMES
 from simulations.report import summarize
 from simulations.run import RunOptions
 
@@ -122,8 +134,53 @@ def main() -> None:
             {"metric": "reconciles", "value": result.reconciles, "unit": "count", **params}
         )
     console.print(table)
+    if not args.skip_itp:
+        records += _parallel_comparison(console, args.quiet_interval)
     if args.json is not None:
         args.json.write_text(json.dumps(records, indent=2))
+
+
+def _parallel_comparison(console: Console, quiet_s: float) -> list[dict[str, object]]:
+    """All six policies on ITP cluster04's first 7 days, in 1 process and in 2, alternated."""
+    path = SHARED_TRACES / "elasticflow-itp" / "raw-traces.tar.gz"
+    if not path.exists():
+        console.print(f"[yellow]skip the parallel comparison: {path} absent[/yellow]")
+        return []
+    cluster = load_cluster(REPO / "manifests" / "clusters" / "itp-640.yaml")
+    full = load_workload(trace=path, trace_format="itp", gpus_per_node=cluster.gpus_per_node)
+    workload = dataclasses.replace(full, jobs=tuple(j for j in full.jobs if j.submit_s < 7 * 86400))
+    runs = [PolicyRun("tide", "tide", default_policy_for(cluster))]
+    runs += [PolicyRun(name, name) for name in BASELINE_NAMES]
+    options = RunOptions(quiet_interval_s=quiet_s)
+    walls: dict[int, list[float]] = {1: [], 2: []}
+    figures: dict[int, list[dict[str, object]]] = {}
+    for _ in range(3):
+        for workers in (1, 2):
+            t0 = time.perf_counter()
+            results = run_policies(
+                runs, workload=workload, cluster=cluster, options=options, workers=workers
+            )
+            walls[workers].append(time.perf_counter() - t0)
+            figures[workers] = [
+                {k: v for k, v in summarize(r).as_dict().items() if k != "wall_s"} for r in results
+            ]
+    if figures[1] != figures[2]:
+        raise SystemExit("the parallel comparison gave other results than the sequential one")
+    table = Table(title=f"tide simulate, {len(runs)} policies on {workload.name} (7 days)")
+    for col in ("processes", "wall s (3 runs)", "median s"):
+        table.add_column(col, justify="right")
+    records: list[dict[str, object]] = []
+    for workers, times in walls.items():
+        median = statistics.median(times)
+        table.add_row(str(workers), " / ".join(f"{t:.1f}" for t in times), f"{median:.1f}")
+        records.append(
+            {"metric": "comparison_wall_time", "value": round(median, 2), "unit": "s",
+             "case": "itp-cluster04-7d", "policies": len(runs), "workers": workers}
+        )  # fmt: skip
+    console.print(table)
+    ratio = statistics.median(walls[1]) / statistics.median(walls[2])
+    console.print(f"median speed-up with 2 processes: {ratio:.2f}x, same results")
+    return records
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from scheduler_policy.policy import ElasticPolicy, QueuePolicy
 from simulations.cluster_config import ClusterSpec
 from simulations.controllers import make_controller
 from simulations.errors import SimulationError
+from simulations.parallel import results_as_done
 from simulations.pollux import load_pollux_workload
 from simulations.report import Summary, summarize
 from simulations.run import RunOptions, SimResult, simulate
@@ -194,6 +195,12 @@ def run_one(
         raise SimulationError(str(e)) from e
 
 
+def _run_one(
+    run: PolicyRun, workload: Workload, cluster: ClusterSpec, options: RunOptions
+) -> SimResult:
+    return run_one(run, workload=workload, cluster=cluster, options=options)
+
+
 def run_policies(
     runs: Sequence[PolicyRun],
     *,
@@ -201,20 +208,47 @@ def run_policies(
     cluster: ClusterSpec,
     options: RunOptions,
     on_done: Callable[[SimResult], None] | None = None,
+    workers: int = 1,
 ) -> list[SimResult]:
-    """Simulate each policy on the same workload and cluster, in order.
+    """Simulate each policy on the same workload and cluster.
+
+    Each run is deterministic and independent of the others, so with ``workers`` > 1 they run
+    in that many processes at once and give the same results as one after another. An error in
+    one run, or an interrupt, stops the others at once (``parallel.results_as_done``).
+
+    Args:
+        runs: the policies.
+        workload: the jobs.
+        cluster: the cluster.
+        options: run options.
+        on_done: called with each result as its run finishes (in finishing order).
+        workers: processes to run in; 1 runs in this one, in order.
 
     Returns:
-        One result per run.
+        One result per run, in the order of ``runs``.
+
+    Raises:
+        SimulationError: as ``run_one``; ValueError for ``workers`` < 1.
     """
-    results = []
-    for run in runs:
-        result = run_one(run, workload=workload, cluster=cluster, options=options)
+    if workers < 1:
+        raise ValueError(f"run_policies: workers must be >= 1, got {workers}")
+
+    def done(run: PolicyRun, result: SimResult) -> SimResult:
         logger.info("%s on %s: %.1fs wall", run.label, workload.name, result.wall_s)
-        results.append(result)
         if on_done is not None:
             on_done(result)
-    return results
+        return result
+
+    if workers == 1 or len(runs) < 2:
+        return [
+            done(run, run_one(run, workload=workload, cluster=cluster, options=options))
+            for run in runs
+        ]
+    results: dict[int, SimResult] = {}
+    calls = [(run, workload, cluster, options) for run in runs]
+    for i, result in results_as_done(_run_one, calls, workers=workers):
+        results[i] = done(runs[i], result)
+    return [results[i] for i in range(len(runs))]
 
 
 def write_json_report(path: Path, summaries: Sequence[Summary], *, meta: dict[str, object]) -> None:

@@ -11,11 +11,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from simulations.api import PolicyRun, run_one, write_json_report
+from simulations.api import PolicyRun, run_policies, write_json_report
 from simulations.cluster_config import ClusterSpec
 from simulations.plots import plot_all
 from simulations.report import Summary, jct_lower_bound_h, summarize
-from simulations.run import RunOptions, SimResult
+from simulations.run import RunOptions
 from simulations.workload import Workload
 
 
@@ -77,13 +77,16 @@ def run_comparison(
     options: RunOptions,
     out_dir: Path,
     json_path: Path | None,
+    workers: int = 1,
 ) -> list[Summary]:
     """Run every policy, print the table, write the JSON report and plots.
+
+    Args:
+        workers: processes the policies run in at once (``run_policies``).
 
     Returns:
         One summary per policy.
     """
-    results: list[SimResult] = []
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -92,11 +95,17 @@ def run_comparison(
         console=console,
         transient=True,
     ) as progress:
-        task = progress.add_task(f"simulating {workload.name}", total=len(runs))
-        for run in runs:
-            progress.update(task, description=f"simulating {run.label} on {workload.name}")
-            results.append(run_one(run, workload=workload, cluster=cluster, options=options))
-            progress.advance(task)
+        task = progress.add_task(
+            f"simulating {len(runs)} policies on {workload.name}", total=len(runs)
+        )
+        results = run_policies(
+            runs,
+            workload=workload,
+            cluster=cluster,
+            options=options,
+            on_done=lambda _: progress.advance(task),
+            workers=workers,
+        )
     summaries = [summarize(r) for r in results]
     console.print(
         summary_table(

@@ -22,7 +22,6 @@ import difflib
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from scheduler_policy.policy import Defaults, ElasticPolicy
 from simulations.api import PolicyRun, run_one
 from simulations.cluster_config import ClusterSpec
 from simulations.errors import SearchSpaceError
+from simulations.parallel import results_as_done
 from simulations.report import Summary, summarize
 from simulations.run import RunOptions
 from simulations.workload import Workload
@@ -198,8 +198,8 @@ def tune(
 ) -> TuneResult:
     """Run every candidate; append each finished trial to ``out_dir/trials.csv``.
 
-    An interrupt (Ctrl-C) cancels the trials not started, lets those running end, and returns
-    what finished, marked ``interrupted``.
+    An interrupt (Ctrl-C) stops every trial not finished at once, and returns what finished,
+    marked ``interrupted``.
 
     Args:
         space: the search space.
@@ -218,40 +218,23 @@ def tune(
     todo = candidates(space)
     names = sorted({n for c in todo for n in c})
     trials: list[tuple[dict[str, float], float]] = []
-    futures: dict[Future[list[Summary]], tuple[int, dict[str, float]]] = {}
     interrupted = False
+    calls = [(apply_params(base_policy, p), workloads, cluster, options) for p in todo]
     with (out_dir / "trials.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["trial", *names, space.objective])
         f.flush()
-
-        def record(future: Future[list[Summary]]) -> None:
-            index, params = futures[future]
-            value = objective_of(future.result(), space.objective)
-            trials.append((params, value))
-            writer.writerow([index, *(params.get(n, "") for n in names), value])
-            f.flush()
-            if on_trial is not None:
-                on_trial(len(trials), len(todo))
-
-        with ProcessPoolExecutor(workers) as pool:
-            for i, params in enumerate(todo):
-                policy = apply_params(base_policy, params)
-                futures[pool.submit(_trial, policy, workloads, cluster, options)] = (i, params)
-            pending = set(futures)
-            try:
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        record(future)
-            except KeyboardInterrupt:
-                interrupted = True
-                pool.shutdown(wait=True, cancel_futures=True)
-        # The trials that were running have ended: those that finished count (a terminal's
-        # Ctrl-C reaches the workers too, and their trials fail instead).
-        for future in pending if interrupted else ():
-            if future.done() and not future.cancelled() and future.exception() is None:
-                record(future)
+        try:
+            for index, summaries in results_as_done(_trial, calls, workers=workers):
+                params = todo[index]
+                value = objective_of(summaries, space.objective)
+                trials.append((params, value))
+                writer.writerow([index, *(params.get(n, "") for n in names), value])
+                f.flush()
+                if on_trial is not None:
+                    on_trial(len(trials), len(todo))
+        except KeyboardInterrupt:
+            interrupted = True  # the workers are already stopped; the finished trials count
     best = min(trials, key=lambda t: t[1])[0] if trials else {}
     return TuneResult(apply_params(base_policy, best), trials, len(todo), interrupted)
 

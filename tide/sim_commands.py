@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -74,6 +75,15 @@ OutageOpt = Annotated[
     float | None,
     typer.Option("--metrics-outage-every", help="Mean time between metrics outages, hours."),
 ]
+SimWorkersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        min=1,
+        help="Processes the policies run in at once; default: one per CPU, at most one per "
+        "policy. The results do not depend on it.",
+    ),
+]
 QuietOpt = Annotated[
     float | None,
     typer.Option(
@@ -103,6 +113,14 @@ def _seed_list(text: str) -> list[int]:
             )
         seeds.append(seed)
     return seeds
+
+
+def _workers(asked: int | None, runs: int) -> int:
+    """``--workers``, or one process per CPU this process may use, at most one per run."""
+    if asked is not None:
+        return asked
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(runs, cpus or 1))
 
 
 def _warn_policy(policy: ElasticPolicy, cluster: ClusterSpec) -> None:
@@ -200,6 +218,7 @@ def register(app: typer.Typer) -> None:
         node_mtbf_h: MtbfOpt = None,
         outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
+        workers: SimWorkersOpt = None,
         out: OutOpt = Path("tide-sim-out"),
         json_path: JsonOpt = None,
     ) -> None:
@@ -237,6 +256,7 @@ def register(app: typer.Typer) -> None:
                 options=options,
                 out_dir=out,
                 json_path=json_path,
+                workers=_workers(workers, len(runs)),
             )
         except (SimulationError, TideError) as e:
             console.print(f"[red]error:[/red] {e}")
@@ -254,6 +274,7 @@ def register(app: typer.Typer) -> None:
         load: LoadOpt = DEFAULT_LOAD,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
+        workers: SimWorkersOpt = None,
         out: OutOpt = Path("tide-compare-out"),
         json_path: JsonOpt = None,
     ) -> None:
@@ -285,6 +306,7 @@ def register(app: typer.Typer) -> None:
                 options=options,
                 out_dir=out,
                 json_path=json_path,
+                workers=_workers(workers, len(runs)),
             )
         except (SimulationError, TideError) as e:
             console.print(f"[red]error:[/red] {e}")

@@ -217,16 +217,15 @@ def test_an_interrupted_tune_writes_the_best_of_the_finished_trials(
 ) -> None:
     import simulations.tune as tune_module
 
-    real_wait = tune_module.wait
-    calls = []
+    real = tune_module.results_as_done
 
-    def wait_then_interrupt(fs, **kwargs):  # type: ignore[no-untyped-def]
-        calls.append(1)
-        if len(calls) > 1:
-            raise KeyboardInterrupt
-        return real_wait(fs, **kwargs)
+    def one_then_interrupt(*args, **kwargs):  # type: ignore[no-untyped-def]
+        results = real(*args, **kwargs)
+        yield next(results)
+        results.close()
+        raise KeyboardInterrupt
 
-    monkeypatch.setattr(tune_module, "wait", wait_then_interrupt)
+    monkeypatch.setattr(tune_module, "results_as_done", one_then_interrupt)
     space = tmp_path / "space.yaml"
     space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [60, 120, 300, 600]\n")
     out = tmp_path / "tune"
@@ -296,3 +295,19 @@ def test_simulate_says_what_faults_it_injected(tmp_path: Path) -> None:
     assert "faults injected (seed 4) during the longest run" in text
     doc = json.loads((tmp_path / "r.json").read_text())
     assert all(s["node_failures"] > 0 and s["metrics_outages"] > 0 for s in doc["summaries"])
+
+
+def test_simulate_gives_the_same_report_in_one_process_and_in_two(tmp_path: Path) -> None:
+    docs = []
+    for workers in ("1", "2"):
+        result = runner.invoke(
+            app,
+            ["simulate", "--duration", "2", "--policies", "tide,static,hpa", "--workers", workers,
+             "--out", str(tmp_path / workers), "--json", str(tmp_path / f"{workers}.json")],
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        doc = json.loads((tmp_path / f"{workers}.json").read_text())
+        docs.append([{k: v for k, v in s.items() if k != "wall_s"} for s in doc["summaries"]])
+    assert docs[0] == docs[1]
+    result = runner.invoke(app, ["simulate", "--workers", "0", "--out", str(tmp_path / "0")])
+    assert result.exit_code == 2 and "--workers" in result.output

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from scheduler_policy.engine import reconcile
@@ -10,11 +12,12 @@ from scheduler_policy.models_cache import ModelCache
 from scheduler_policy.policy import ElasticPolicy, QueuePolicy
 from simulations.api import PolicyRun, default_policy_for, run_policies
 from simulations.cluster_config import BUILTIN_CLUSTER
+from simulations.errors import SimulationError
 from simulations.faults import FaultOptions, plan_faults
 from simulations.report import summarize
 from simulations.run import RunOptions
 from simulations.volcano import run_session
-from simulations.workload import generate_workload
+from simulations.workload import Workload, generate_workload
 from tests.simulations.helpers import make_job, make_sim
 
 POLICY = ElasticPolicy(queues=(QueuePolicy(QueueName("a"), borrow=True),))
@@ -95,3 +98,41 @@ def test_the_report_counts_the_faults_each_run_saw() -> None:
         assert summary.node_down_hours == pytest.approx(down / 3600.0)
         assert summary.metrics_outages == sum(1 for start, _ in outages if start < result.end_s)
         assert summary.metrics_outages > 0
+
+
+def test_policies_run_in_parallel_give_the_sequential_results() -> None:
+    workload = generate_workload(seed=5, duration_s=3 * 3600.0)
+    runs = [PolicyRun("tide", "tide", default_policy_for(BUILTIN_CLUSTER))]
+    runs += [PolicyRun(name, name) for name in ("static", "threshold", "tiresias")]
+    done: list[str] = []
+
+    def figures(workers: int) -> list[dict[str, object]]:
+        results = run_policies(
+            runs,
+            workload=workload,
+            cluster=BUILTIN_CLUSTER,
+            options=RunOptions(),
+            workers=workers,
+            on_done=lambda r: done.append(r.policy),
+        )
+        return [{k: v for k, v in summarize(r).as_dict().items() if k != "wall_s"} for r in results]
+
+    sequential = figures(1)
+    assert figures(2) == sequential
+    assert [f["policy"] for f in sequential] == ["tide", "static", "threshold", "tiresias"]
+    assert sorted(done[4:]) == sorted(done[:4])  # every run reported once each time
+
+
+def test_a_failing_parallel_run_raises_its_error() -> None:
+    job = generate_workload(seed=0, duration_s=3600.0).jobs[0]
+    bad = Workload(name="bad", jobs=(dataclasses.replace(job, queue=QueueName("nowhere")),))
+    with pytest.raises(SimulationError, match="queue 'nowhere' is not in cluster"):
+        run_policies(
+            [PolicyRun("static", "static"), PolicyRun("tiresias", "tiresias")],
+            workload=bad,
+            cluster=BUILTIN_CLUSTER,
+            options=RunOptions(),
+            workers=2,
+        )
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        run_policies([], workload=bad, cluster=BUILTIN_CLUSTER, options=RunOptions(), workers=0)

@@ -1,0 +1,45 @@
+"""results_as_done: every result once, errors raised, and no waiting for the rest when stopped."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from simulations.parallel import results_as_done
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def nap_or_fail(seconds: float) -> float:
+    if seconds < 0:
+        raise RuntimeError("failed on purpose")
+    time.sleep(seconds)
+    return seconds
+
+
+def test_every_call_once_with_its_index() -> None:
+    got = dict(results_as_done(square, [(i,) for i in range(7)], workers=2))
+    assert got == {i: i * i for i in range(7)}
+
+
+def test_an_error_is_raised_without_waiting_for_the_other_calls() -> None:
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="failed on purpose"):
+        list(results_as_done(nap_or_fail, [(60.0,), (-1.0,)], workers=2))
+    assert time.monotonic() - started < 20  # the 60 s call was terminated
+
+
+def test_stopping_early_terminates_the_calls_still_running() -> None:
+    started = time.monotonic()
+    results = results_as_done(nap_or_fail, [(0.0,), (60.0,)], workers=2)
+    assert next(results) == (0, 0.0)
+    results.close()  # what an interrupt in the consumer does
+    assert time.monotonic() - started < 20
+
+
+def test_workers_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="workers must be >= 1, got 0"):
+        list(results_as_done(square, [(1,)], workers=0))
