@@ -15,7 +15,7 @@ from simulations.api import PolicyRun, run_policies, write_json_report
 from simulations.cluster_config import ClusterSpec
 from simulations.plots import plot_all
 from simulations.report import Summary, jct_lower_bound_h, summarize
-from simulations.run import RunOptions
+from simulations.run import RunOptions, SimResult
 from simulations.workload import Workload
 
 
@@ -87,6 +87,7 @@ def run_comparison(
     Returns:
         One summary per policy.
     """
+    parallel = workers > 1 and len(runs) > 1
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -94,16 +95,26 @@ def run_comparison(
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        # No refresh thread while worker processes are forked: a fork copies the locks another
+        # thread holds, and the bar moves at each finished run anyway.
+        auto_refresh=not parallel,
     ) as progress:
+        processes = f" in {min(workers, len(runs))} processes" if parallel else ""
         task = progress.add_task(
-            f"simulating {len(runs)} policies on {workload.name}", total=len(runs)
+            f"simulating {len(runs)} policies on {workload.name}{processes}", total=len(runs)
         )
+        progress.refresh()
+
+        def advance(_: SimResult) -> None:
+            progress.advance(task)
+            progress.refresh()
+
         results = run_policies(
             runs,
             workload=workload,
             cluster=cluster,
             options=options,
-            on_done=lambda _: progress.advance(task),
+            on_done=advance,
             workers=workers,
         )
     summaries = [summarize(r) for r in results]

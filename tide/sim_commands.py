@@ -372,11 +372,14 @@ def register(app: typer.Typer) -> None:
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
                 console=console,
+                auto_refresh=False,  # no refresh thread while worker processes are forked
             ) as progress:
                 task = progress.add_task("tune", total=None)
+                progress.refresh()
 
                 def on_trial(done: int, total: int) -> None:
                     progress.update(task, completed=done, total=total)
+                    progress.refresh()
 
                 result = tune(
                     space=space,
