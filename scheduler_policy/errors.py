@@ -21,6 +21,10 @@ class PolicyError(TideError):
         listing = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{source}: {len(self.problems)} problem(s):\n{listing}")
 
+    def __reduce__(self) -> tuple[type[PolicyError], tuple[str, list[str]]]:
+        # Rebuilt from its fields, so that it survives the trip back from a worker process.
+        return type(self), (self.source, self.problems)
+
 
 class ObservationError(TideError):
     """An observation file is invalid; the message names the file, path and value."""

@@ -24,6 +24,10 @@ class TraceError(SimulationError):
         self.problem = problem
         super().__init__(f"{self.path}:{line}: {problem}")
 
+    def __reduce__(self) -> tuple[type[TraceError], tuple[str, int, str]]:
+        # Rebuilt from its fields, so that it survives the trip back from a worker process.
+        return type(self), (self.path, self.line, self.problem)
+
 
 class ClusterFileError(SimulationError):
     """A cluster file is invalid; the message names the file and every problem."""
@@ -33,6 +37,9 @@ class ClusterFileError(SimulationError):
         self.problems = list(problems)
         listing = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{source}: {len(self.problems)} problem(s):\n{listing}")
+
+    def __reduce__(self) -> tuple[type[ClusterFileError], tuple[str, list[str]]]:
+        return type(self), (self.source, self.problems)
 
 
 class SearchSpaceError(SimulationError):

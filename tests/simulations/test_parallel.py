@@ -6,7 +6,12 @@ import time
 
 import pytest
 
+from scheduler_policy.errors import PolicyError
+from simulations.errors import ClusterFileError, TraceError
 from simulations.parallel import results_as_done
+
+# A worker error that cannot be rebuilt in the parent hangs multiprocessing's pool: fail fast.
+pytestmark = pytest.mark.timeout(60)
 
 
 def square(x: int) -> int:
@@ -18,6 +23,24 @@ def nap_or_fail(seconds: float) -> float:
         raise RuntimeError("failed on purpose")
     time.sleep(seconds)
     return seconds
+
+
+def raise_(kind: str) -> None:
+    if kind == "trace":
+        raise TraceError("w.csv", 7, "bad duration")
+    if kind == "cluster":
+        raise ClusterFileError("c.yaml", ["nodes: must be an integer"])
+    raise PolicyError("p.yaml", ["spec.interval: must be > 0"])
+
+
+@pytest.mark.parametrize("kind", ["trace", "cluster", "policy"])
+def test_an_error_with_fields_comes_back_from_a_worker_whole(kind: str) -> None:
+    with pytest.raises((TraceError, ClusterFileError, PolicyError)) as caught:
+        list(results_as_done(raise_, [(kind,)], workers=1))
+    error = caught.value
+    assert {"trace": "w.csv:7: bad duration", "cluster": "c.yaml: 1 problem(s)",
+            "policy": "p.yaml: 1 problem(s)"}[kind] in str(error)  # fmt: skip
+    assert (error.line == 7) if isinstance(error, TraceError) else error.problems
 
 
 def test_every_call_once_with_its_index() -> None:
