@@ -18,6 +18,7 @@ from scheduler_policy.errors import ConflictError, PermanentError
 from scheduler_policy.model import (
     DemandPoint,
     JobKey,
+    JobMemory,
     JobPhase,
     JobState,
     QueueName,
@@ -73,6 +74,8 @@ class SimulatedCluster(ClusterCore):
         self._rng = np.random.default_rng(self.metrics.seed)
         self._demand: dict[QueueName, list[DemandPoint]] = {q.name: [] for q in spec.queues}
         self._last_demand_s = -math.inf
+        # job -> (its last view, the memory and the (replicas, pods, status, restart cost) seen)
+        self._views: dict[JobKey, tuple[JobState, JobMemory, tuple[object, ...]]] = {}
         self.writes = 0
         self.conflicts = 0
 
@@ -159,8 +162,19 @@ class SimulatedCluster(ClusterCore):
         ]
 
     def job_state(self, job: SimJob) -> JobState:
-        """The engine's view of one job."""
-        return JobState(
+        """The engine's view of one job.
+
+        The view is immutable and depends only on what the key below holds, so an unchanged job
+        (most of a long queue, every reconcile) gives back the same object.
+        """
+        cached = self._views.get(job.key)
+        if (
+            cached is not None
+            and cached[1] is job.memory
+            and cached[2] == (job.spec_replicas, len(job.pods), job.status, job.restart_cost_s)
+        ):
+            return cached[0]
+        view = JobState(
             key=job.key,
             queue=job.queue,
             gpus_per_replica=float(job.spec.gpus_per_replica),
@@ -174,6 +188,9 @@ class SimulatedCluster(ClusterCore):
             restart_cost_s=job.restart_cost_s,
             recommendations=job.memory.recommendations,
         )
+        key = (job.spec_replicas, len(job.pods), job.status, job.restart_cost_s)
+        self._views[job.key] = (view, job.memory, key)
+        return view
 
     def active_jobs(self) -> list[SimJob]:
         """Submitted jobs that are not done: running first, then waiting, each in submit order."""

@@ -267,10 +267,8 @@ class ClusterCore:
                 # Move the victims to the end so remove_pods takes exactly them.
                 job.pods = [n for n in job.pods if n != node] + [node] * on_node
                 self.remove_pods(job, on_node, graceful=False)
-        self.nodes.up[node] = False
-        self.nodes.free[node] = self.nodes.gpus_per_node
+        self.nodes.set_down(node)
 
     def repair_node(self, node: int) -> None:
         """A failed node comes back, empty."""
-        self.nodes.up[node] = True
-        self.nodes.free[node] = self.nodes.gpus_per_node
+        self.nodes.set_up(node)

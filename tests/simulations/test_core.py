@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from scheduler_policy.model import JobKey
 from simulations.faults import FaultOptions
 from simulations.run import RunOptions
+from simulations.state import Nodes
 from simulations.volcano import run_session
 from tests.simulations.helpers import make_job, make_sim
 
@@ -96,3 +99,30 @@ def test_fault_options_refuse_what_would_never_end(bad: dict[str, float]) -> Non
 def test_run_options_refuse_times_that_would_not_move_on(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="RunOptions"):
         RunOptions(**bad)
+
+
+def test_nodes_keep_their_free_and_healthy_totals_through_any_operations() -> None:
+    rng = random.Random(7)
+    nodes = Nodes(count=6, gpus_per_node=4)
+    placed: list[tuple[int, list[int]]] = []
+    for _ in range(3000):
+        op = rng.random()
+        if op < 0.45:
+            gpus = rng.choice((1, 2, 4))
+            got = nodes.place(gpus, rng.randint(1, 3))
+            if got is not None:
+                placed.append((gpus, got))
+        elif op < 0.8 and placed:
+            gpus, where = placed.pop(rng.randrange(len(placed)))
+            nodes.release(gpus, where)
+        elif op < 0.9:
+            node = rng.randrange(6)
+            # As ClusterCore.fail_node does: the node's pods go first, then the node.
+            for gpus, where in [p for p in placed if node in p[1]]:
+                placed.remove((gpus, where))
+                nodes.release(gpus, where)
+            nodes.set_down(node)
+        elif not all(nodes.up):
+            nodes.set_up(rng.choice([i for i, u in enumerate(nodes.up) if not u]))
+        assert nodes.total_free == sum(f for f, u in zip(nodes.free, nodes.up, strict=True) if u)
+        assert nodes.healthy_gpus == 4 * sum(nodes.up)
