@@ -167,12 +167,9 @@ class SimulatedCluster(ClusterCore):
         The view is immutable and depends only on what the key below holds, so an unchanged job
         (most of a long queue, every reconcile) gives back the same object.
         """
+        key = (job.spec_replicas, len(job.pods), job.status, job.restart_cost_s)
         cached = self._views.get(job.key)
-        if (
-            cached is not None
-            and cached[1] is job.memory
-            and cached[2] == (job.spec_replicas, len(job.pods), job.status, job.restart_cost_s)
-        ):
+        if cached is not None and cached[1] is job.memory and cached[2] == key:
             return cached[0]
         view = JobState(
             key=job.key,
@@ -188,7 +185,6 @@ class SimulatedCluster(ClusterCore):
             restart_cost_s=job.restart_cost_s,
             recommendations=job.memory.recommendations,
         )
-        key = (job.spec_replicas, len(job.pods), job.status, job.restart_cost_s)
         self._views[job.key] = (view, job.memory, key)
         return view
 

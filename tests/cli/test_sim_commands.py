@@ -10,6 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from tests.simulations.helpers import interrupt_after_first
 from tide import sim_commands
 
 app = typer.Typer()
@@ -217,15 +218,9 @@ def test_an_interrupted_tune_writes_the_best_of_the_finished_trials(
 ) -> None:
     import simulations.tune as tune_module
 
-    real = tune_module.results_as_done
-
-    def one_then_interrupt(*args, **kwargs):  # type: ignore[no-untyped-def]
-        results = real(*args, **kwargs)
-        yield next(results)
-        results.close()
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(tune_module, "results_as_done", one_then_interrupt)
+    monkeypatch.setattr(
+        tune_module, "results_as_done", interrupt_after_first(tune_module.results_as_done)
+    )
     space = tmp_path / "space.yaml"
     space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [60, 120, 300, 600]\n")
     out = tmp_path / "tune"

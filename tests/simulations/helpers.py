@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 from scheduler_policy.model import JobKey, QueueName
 from simulations.cluster import SimulatedCluster
 from simulations.cluster_config import ClusterSpec, QueueSpec
@@ -68,3 +71,17 @@ def make_sim(jobs: list[WorkloadJob], **cluster_kw: object) -> SimulatedCluster:
     for job in sim.order:
         sim.submit(job)
     return sim
+
+
+def interrupt_after_first(
+    results_as_done: Callable[..., Iterator[Any]],
+) -> Callable[..., Iterator[Any]]:
+    """``results_as_done`` that yields its first result, then is interrupted as by Ctrl-C."""
+
+    def interrupted(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        results = results_as_done(*args, **kwargs)
+        yield next(results)
+        results.close()  # what an interrupt does: the workers are terminated
+        raise KeyboardInterrupt
+
+    return interrupted

@@ -12,6 +12,7 @@ from simulations.api import default_policy_for, load_workload
 from simulations.cluster_config import BUILTIN_CLUSTER
 from simulations.run import RunOptions
 from simulations.tune import SearchSpace, candidates, distinct_sets, tune
+from tests.simulations.helpers import interrupt_after_first
 
 
 def space(method: str = "random", trials: int = 8, **ranges: tuple[float, float]) -> SearchSpace:
@@ -49,15 +50,9 @@ def test_a_range_makes_the_space_endless() -> None:
 def test_an_interrupt_keeps_the_finished_trials_and_their_best(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = tune_module.results_as_done
-
-    def one_then_interrupt(*args, **kwargs):  # type: ignore[no-untyped-def]
-        results = real(*args, **kwargs)
-        yield next(results)
-        results.close()  # what an interrupt does: the workers are terminated
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(tune_module, "results_as_done", one_then_interrupt)
+    monkeypatch.setattr(
+        tune_module, "results_as_done", interrupt_after_first(tune_module.results_as_done)
+    )
     workload = load_workload(seed=0, duration_s=3600.0)
     result = tune(
         space=space(method="grid"),
