@@ -32,13 +32,24 @@ class Status(enum.Enum):
 
 
 class SimJob:
-    """One job's runtime state (mutable; internal to the simulator)."""
+    """One job's runtime state (mutable; internal to the simulator).
+
+    Attributes (derived from the placed pods, read at every event for every running job, so
+    stored; ``pods_changed`` keeps them current):
+        gpus: GPUs its placed pods hold.
+        rate: work units per second at its placed size (ignoring a restart in progress).
+        effective_gpus: GPUs' worth of useful progress while not restarting (its speedup over
+            one replica times its GPUs per replica).
+        version: bumped by ``ClusterCore`` at every change that moves its completion time.
+    """
 
     __slots__ = (
         "attained_gpu_s",
         "done_units",
+        "effective_gpus",
         "end_s",
         "first_start_s",
+        "gpus",
         "key",
         "killed_gpu_s",
         "killed_units",
@@ -47,6 +58,7 @@ class SimJob:
         "pods",
         "points",
         "queue",
+        "rate",
         "replica_log",
         "rescales",
         "restart_cost_s",
@@ -57,6 +69,7 @@ class SimJob:
         "startup",
         "status",
         "unckpt_s",
+        "version",
     )
 
     def __init__(self, spec: WorkloadJob, *, queue: QueueName, restart_cost_s: float) -> None:
@@ -82,16 +95,17 @@ class SimJob:
         self.killed_gpu_s = 0.0
         self.attained_gpu_s = 0.0
         self.replica_log: list[tuple[float, int]] = []
+        self.gpus = 0
+        self.rate = 0.0
+        self.effective_gpus = 0.0
+        self.version = 0
 
-    @property
-    def gpus(self) -> int:
-        """GPUs its placed pods hold."""
-        return len(self.pods) * self.spec.gpus_per_replica
-
-    @property
-    def rate(self) -> float:
-        """Work units per second at its placed size (ignoring a restart in progress)."""
-        return self.spec.profile.rate(len(self.pods))
+    def pods_changed(self) -> None:
+        """Recompute what derives from the placed pods; call after every change to ``pods``."""
+        n = len(self.pods)
+        self.gpus = n * self.spec.gpus_per_replica
+        self.rate = self.spec.profile.rate(n)
+        self.effective_gpus = self.spec.gpus_per_replica * self.rate / self.spec.profile.rate(1)
 
     @property
     def remaining_units(self) -> float:

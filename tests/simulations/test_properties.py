@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -96,3 +98,54 @@ def test_no_gpu_is_allocated_twice(workload: Workload, steps: list[tuple[int, in
         t += 10.0
         sim.advance(min(t, sim.next_completion()[0]))
         sim.finish_due()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    workload=workloads(),
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["resize", "kill", "suspend", "fail", "repair", "wait"]),
+            st.integers(0, 7),
+            st.integers(0, 8),
+            st.floats(0.5, 900.0),
+        ),
+        max_size=25,
+    ),
+)
+def test_next_completion_is_what_a_scan_of_the_running_jobs_gives(
+    workload: Workload, steps: list[tuple[str, int, int, float]]
+) -> None:
+    # The core keeps completions in a queue pushed at each change of a job; whatever happens to
+    # the jobs, the queue must name the completion a scan of every running job finds, and each
+    # job's stored size, GPUs and rate must be its pods'.
+    from simulations.cluster import SimulatedCluster
+
+    sim = SimulatedCluster(spec=CLUSTER, workload=workload)
+    for job in sim.order:
+        sim.submit(job)
+    for action, index, size, wait_s in steps:
+        run_session(sim)
+        job = sim.order[index % len(sim.order)]
+        running = job.status is Status.RUNNING
+        if action == "resize" and running and job.spec.elastic:
+            sim.resize(job, max(job.spec.min_replicas, min(job.spec.max_replicas, size)))
+        elif action == "kill" and running:
+            sim.remove_pods(job, 1 + size % 2, graceful=False)
+        elif action == "suspend":
+            sim.suspend(job)
+        elif action == "fail":
+            sim.fail_node(size % CLUSTER.nodes)
+        elif action == "repair":
+            sim.repair_node(size % CLUSTER.nodes)
+        for held in sim.order:
+            assert held.gpus == len(held.pods) * held.spec.gpus_per_replica
+            assert held.rate == held.spec.profile.rate(len(held.pods))
+        scan = min((j.completion_s(sim.now_s) for j in sim.running.values()), default=math.inf)
+        t_done, first = sim.next_completion()
+        assert t_done == pytest.approx(scan, rel=1e-9)
+        assert first is None or first.completion_s(sim.now_s) == pytest.approx(scan, rel=1e-9)
+        sim.advance(min(sim.now_s + wait_s, t_done))
+        finished = sim.finish_due()
+        assert all(j.status is Status.DONE for j in finished)
+        assert all(j.remaining_units > 1e-9 * j.spec.work_units for j in sim.running.values())
