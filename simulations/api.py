@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -15,7 +16,7 @@ from simulations.errors import SimulationError
 from simulations.parallel import results_as_done
 from simulations.pollux import load_pollux_workload
 from simulations.report import Summary, summarize
-from simulations.run import RunOptions, SimResult, simulate
+from simulations.run import Progress, RunOptions, SimResult, simulate
 from simulations.traces import load_itp, load_philly, load_tide_trace
 from simulations.workload import DEFAULT_DURATION_S, DEFAULT_LOAD, Workload, generate_workload
 
@@ -174,9 +175,21 @@ class PolicyRun:
 
 
 def run_one(
-    run: PolicyRun, *, workload: Workload, cluster: ClusterSpec, options: RunOptions
+    run: PolicyRun,
+    *,
+    workload: Workload,
+    cluster: ClusterSpec,
+    options: RunOptions,
+    progress: Progress | None = None,
 ) -> SimResult:
     """Simulate one policy on one workload (a fresh controller).
+
+    Args:
+        run: the policy.
+        workload: the jobs.
+        cluster: the cluster.
+        options: run options (tide's policy sets its own reconcile interval).
+        progress: told the jobs finished while the run goes on (``simulate``).
 
     Raises:
         SimulationError: the workload does not fit the cluster (e.g. an unknown queue).
@@ -190,15 +203,20 @@ def run_one(
             cluster=cluster,
             controller=controller,
             options=replace(options, interval_s=interval),
+            progress=progress,
         )
     except ValueError as e:
         raise SimulationError(str(e)) from e
 
 
 def _run_one(
-    run: PolicyRun, workload: Workload, cluster: ClusterSpec, options: RunOptions
+    run: PolicyRun,
+    workload: Workload,
+    cluster: ClusterSpec,
+    options: RunOptions,
+    progress: Progress | None = None,
 ) -> SimResult:
-    return run_one(run, workload=workload, cluster=cluster, options=options)
+    return run_one(run, workload=workload, cluster=cluster, options=options, progress=progress)
 
 
 def run_policies(
@@ -209,6 +227,7 @@ def run_policies(
     options: RunOptions,
     on_done: Callable[[SimResult], None] | None = None,
     workers: int = 1,
+    on_progress: Callable[[int, int, int, float], None] | None = None,
 ) -> list[SimResult]:
     """Simulate each policy on the same workload and cluster.
 
@@ -223,6 +242,9 @@ def run_policies(
         options: run options.
         on_done: called with each result as its run finishes (in finishing order).
         workers: processes to run in; 1 runs in this one, in order.
+        on_progress: called with ``(index in runs, jobs finished, jobs in all, simulated
+            seconds)`` while the runs go on, a few times a second per run, and once as each run
+            finishes.
 
     Returns:
         One result per run, in the order of ``runs``.
@@ -233,21 +255,34 @@ def run_policies(
     if workers < 1:
         raise ValueError(f"run_policies: workers must be >= 1, got {workers}")
 
-    def done(run: PolicyRun, result: SimResult) -> SimResult:
-        logger.info("%s on %s: %.1fs wall", run.label, workload.name, result.wall_s)
+    def done(i: int, result: SimResult) -> SimResult:
+        logger.info("%s on %s: %.1fs wall", runs[i].label, workload.name, result.wall_s)
+        if on_progress is not None:
+            # From this process: a worker's last report may still be on its way.
+            finished = sum(1 for job in result.jobs if job.end_s is not None)
+            on_progress(i, finished, len(result.jobs), result.end_s)
         if on_done is not None:
             on_done(result)
         return result
 
     if workers == 1 or len(runs) < 2:
         return [
-            done(run, run_one(run, workload=workload, cluster=cluster, options=options))
-            for run in runs
+            done(
+                i,
+                run_one(
+                    run,
+                    workload=workload,
+                    cluster=cluster,
+                    options=options,
+                    progress=None if on_progress is None else functools.partial(on_progress, i),
+                ),
+            )
+            for i, run in enumerate(runs)
         ]
     results: dict[int, SimResult] = {}
     calls = [(run, workload, cluster, options) for run in runs]
-    for i, result in results_as_done(_run_one, calls, workers=workers):
-        results[i] = done(runs[i], result)
+    for i, result in results_as_done(_run_one, calls, workers=workers, on_progress=on_progress):
+        results[i] = done(i, result)
     return [results[i] for i in range(len(runs))]
 
 

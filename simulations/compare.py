@@ -103,11 +103,27 @@ def run_comparison(
         task = progress.add_task(
             f"simulating {len(runs)} policies on {workload.name}{processes}", total=len(runs)
         )
+        # One bar per run (a long trace takes minutes per policy): in jobs finished, or in
+        # simulated hours when the run stops at a horizon (most jobs would never finish).
+        horizon_h = None if options.horizon_s is None else options.horizon_s / 3600.0
+        unit, total = (
+            ("jobs done", len(workload.jobs)) if horizon_h is None else ("simulated h", horizon_h)
+        )
+        bars = [progress.add_task(f"  {run.label}: {unit}", total=total) for run in runs]
+        shown = [0.0] * len(runs)
         progress.refresh()
 
         def advance(_: SimResult) -> None:
             progress.advance(task)
             progress.refresh()
+
+        def show(index: int, finished: int, _total: int, now_s: float) -> None:
+            value = finished if horizon_h is None else min(horizon_h, now_s / 3600.0)
+            # A worker's report may arrive after its run's final one: never move back.
+            shown[index] = max(shown[index], value)
+            progress.update(bars[index], completed=shown[index])
+            if parallel:
+                progress.refresh()
 
         results = run_policies(
             runs,
@@ -116,6 +132,7 @@ def run_comparison(
             options=options,
             on_done=advance,
             workers=workers,
+            on_progress=show,
         )
     summaries = [summarize(r) for r in results]
     console.print(

@@ -13,7 +13,7 @@ import heapq
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from simulations.cluster import MetricsOptions, SimulatedCluster
@@ -28,6 +28,12 @@ from simulations.workload import Workload
 logger = logging.getLogger(__name__)
 
 _ARRIVAL, _NODE_DOWN, _NODE_UP = 0, 1, 2
+
+PROGRESS_EVERY_S = 0.25
+"""Least wall-clock time between two progress reports of one run."""
+
+Progress = Callable[[int, int, float], None]
+"""Told ``(jobs finished, jobs in all, simulated seconds)`` while a run goes on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +169,7 @@ def simulate(
     cluster: ClusterSpec,
     controller: Controller,
     options: RunOptions | None = None,
+    progress: Progress | None = None,
 ) -> SimResult:
     """Replay ``workload`` on ``cluster`` with ``controller`` deciding replicas.
 
@@ -171,6 +178,8 @@ def simulate(
         cluster: the cluster.
         controller: tide or a baseline (fresh: controllers keep state).
         options: run options.
+        progress: told how far the run is (``Progress``), at most every ``PROGRESS_EVERY_S``
+            of wall time while it goes on, and once at its end.
 
     Returns:
         The run's result.
@@ -201,7 +210,11 @@ def simulate(
     reconciles = 0
     busy_since_reconcile = True
     total_jobs = len(sim.order)
+    reported_at = started
     while sim.done_count < total_jobs:
+        if progress is not None and time.perf_counter() - reported_at >= PROGRESS_EVERY_S:
+            progress(sim.done_count, total_jobs, sim.now_s)
+            reported_at = time.perf_counter()
         if not sim.running and not events:
             # The cluster is empty and nothing more will arrive or recover, yet jobs wait: their
             # gangs do not fit the empty cluster (e.g. larger than a queue's real capability),
@@ -253,6 +266,8 @@ def simulate(
             next_reconcile = math.ceil(t / interval) * interval
         if changed:
             run_session(sim, order=controller.order())
+    if progress is not None:
+        progress(sim.done_count, total_jobs, sim.now_s)
     return SimResult(
         policy=controller.name,
         workload=workload.name,
@@ -293,4 +308,4 @@ def rigid_workload(workload: Workload) -> Workload:
     return dataclasses.replace(workload, jobs=jobs)
 
 
-__all__ = ["JobRecord", "RunOptions", "SimResult", "Status", "simulate"]
+__all__ = ["JobRecord", "Progress", "RunOptions", "SimResult", "Status", "simulate"]

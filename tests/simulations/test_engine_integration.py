@@ -10,6 +10,7 @@ from scheduler_policy.engine import reconcile
 from scheduler_policy.model import JobKey, QueueName
 from scheduler_policy.models_cache import ModelCache
 from scheduler_policy.policy import ElasticPolicy, QueuePolicy
+from simulations import run as run_module
 from simulations.api import PolicyRun, default_policy_for, run_policies
 from simulations.cluster_config import BUILTIN_CLUSTER
 from simulations.errors import SimulationError
@@ -100,11 +101,16 @@ def test_the_report_counts_the_faults_each_run_saw() -> None:
         assert summary.metrics_outages > 0
 
 
-def test_policies_run_in_parallel_give_the_sequential_results() -> None:
+def test_policies_run_in_parallel_give_the_sequential_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Progress at every event (forked workers inherit the setting).
+    monkeypatch.setattr(run_module, "PROGRESS_EVERY_S", 0.0)
     workload = generate_workload(seed=5, duration_s=3 * 3600.0)
     runs = [PolicyRun("tide", "tide", default_policy_for(BUILTIN_CLUSTER))]
     runs += [PolicyRun(name, name) for name in ("static", "threshold", "tiresias")]
     done: list[str] = []
+    reports: dict[int, dict[int, list[tuple[int, int]]]] = {1: {}, 2: {}}
 
     def figures(workers: int) -> list[dict[str, object]]:
         results = run_policies(
@@ -114,6 +120,9 @@ def test_policies_run_in_parallel_give_the_sequential_results() -> None:
             options=RunOptions(),
             workers=workers,
             on_done=lambda r: done.append(r.policy),
+            on_progress=lambda i, finished, total, _now_s: (
+                reports[workers].setdefault(i, []).append((finished, total))
+            ),
         )
         return [{k: v for k, v in summarize(r).as_dict().items() if k != "wall_s"} for r in results]
 
@@ -121,6 +130,16 @@ def test_policies_run_in_parallel_give_the_sequential_results() -> None:
     assert figures(2) == sequential
     assert [f["policy"] for f in sequential] == ["tide", "static", "threshold", "tiresias"]
     assert sorted(done[4:]) == sorted(done[:4])  # every run reported once each time
+    total = len(workload.jobs)
+    for workers, by_run in reports.items():
+        assert sorted(by_run) == [0, 1, 2, 3]
+        for got in by_run.values():
+            assert got[-1] == (total, total)
+            assert all(t == total for _, t in got)
+            finished = [f for f, _ in got]
+            if workers == 1:  # in order; from a worker, its last report may come after the final
+                assert finished == sorted(finished)
+            assert len(set(finished)) > total // 2  # as the jobs finished, not only at the end
 
 
 def test_a_failing_parallel_run_raises_its_error() -> None:

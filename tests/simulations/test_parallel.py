@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -61,6 +62,32 @@ def test_stopping_early_terminates_the_calls_still_running() -> None:
     assert next(results) == (0, 0.0)
     results.close()  # what an interrupt in the consumer does
     assert time.monotonic() - started < 20
+
+
+def count_to(n: int, *, progress: Callable[[int], None]) -> int:
+    for i in range(1, n + 1):
+        progress(i)
+        time.sleep(0.05)
+    return n
+
+
+def test_progress_reported_in_a_worker_reaches_the_parent_while_it_waits() -> None:
+    seen: list[tuple[int, int, float]] = []
+    finished: dict[int, float] = {}
+    calls = [(4,), (6,)]
+    for index, result in results_as_done(
+        count_to,
+        calls,
+        workers=2,
+        on_progress=lambda i, k: seen.append((i, k, time.monotonic())),
+    ):
+        finished[index] = time.monotonic()
+        assert result == calls[index][0]
+    for index, (n,) in enumerate(calls):
+        mine = [k for i, k, _ in seen if i == index]
+        assert mine == sorted(mine) and set(mine) <= set(range(1, n + 1))
+    # Passed on while the calls went on, not only once they were done.
+    assert any(at < finished[i] for i, _, at in seen)
 
 
 def test_workers_must_be_positive() -> None:
