@@ -5,12 +5,16 @@ sizes, with a steady-state memory of recent recommendations), warms the model ca
 state refits nothing), then times ``decide`` — triage, budgets, allocation, stabilization and the
 decisions' messages — over many runs. Prints a table; ``--json PATH`` writes the records.
 
+It also times ``observe``, the step before: joining the jobs as the cluster lists them (no
+throughput) with the metrics source's throughput histories and remaining samples.
+
     python benchmarks/engine_latency.py --json benchmarks/out/engine_latency.json
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -21,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler_policy.engine import decide
+from scheduler_policy.engine import decide, observe
 from scheduler_policy.model import (
     JobKey,
     JobPhase,
@@ -34,6 +38,7 @@ from scheduler_policy.model import (
 )
 from scheduler_policy.models_cache import ModelCache
 from scheduler_policy.policy import Defaults, ElasticPolicy, QueuePolicy
+from scheduler_policy.protocols import MetricsSample
 
 NOW_S = 1_700_000_000.0
 
@@ -89,6 +94,50 @@ def synthetic(jobs: int, queues: int, *, seed: int) -> tuple[Observation, Elasti
     return observation, policy
 
 
+class _Split:
+    """The synthetic observation as the engine reads it: jobs from the cluster, metrics apart."""
+
+    def __init__(self, observation: Observation) -> None:
+        self._queues = observation.queues
+        self._jobs = [
+            dataclasses.replace(j, throughput_history=(), remaining_samples=None)
+            for j in observation.jobs
+        ]
+        self._sample = MetricsSample(
+            fresh=True,
+            cluster_free_gpus=observation.cluster_free_gpus,
+            job_throughput={j.key: j.throughput_history for j in observation.jobs},
+            job_remaining_samples={
+                j.key: j.remaining_samples
+                for j in observation.jobs
+                if j.remaining_samples is not None
+            },
+        )
+
+    def sample(self, *, now_s: float) -> MetricsSample:
+        return self._sample
+
+    def list_queues(self) -> tuple[QueueState, ...]:
+        return self._queues
+
+    def list_jobs(self) -> list[JobState]:
+        return self._jobs
+
+
+def measure_observe(jobs: int, queues: int, runs: int) -> float:
+    """Median ms of ``observe`` on the synthetic cluster of ``jobs`` jobs."""
+    observation, _ = synthetic(jobs, queues, seed=jobs)
+    source = _Split(observation)
+    joined = observe(metrics=source, cluster=source, now_s=NOW_S)
+    assert joined.jobs == observation.jobs, "observe did not rebuild the observation"
+    samples_ms = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        observe(metrics=source, cluster=source, now_s=NOW_S)
+        samples_ms.append((time.perf_counter() - start) * 1000.0)
+    return statistics.median(samples_ms)
+
+
 def measure(jobs: int, queues: int, runs: int, *, gc_freeze: bool) -> dict[str, float]:
     observation, policy = synthetic(jobs, queues, seed=jobs)
     models = ModelCache(refit_s=3600.0)
@@ -139,6 +188,14 @@ def main() -> None:
                 records.append({"metric": f"decide_latency_{stat}", "value": round(result[stat], 3),
                                 "unit": "ms", "jobs": size, "queues": args.queues,
                                 "runs": args.runs, "gc": gc_mode})  # fmt: skip
+    print(f"observe, {args.runs} runs per size")
+    print(f"{'jobs':>8} {'median ms':>10}")
+    for size in (int(s) for s in args.sizes.split(",")):
+        median = measure_observe(size, args.queues, args.runs)
+        print(f"{size:>8} {median:>10.2f}")
+        records.append({"metric": "observe_latency_median", "value": round(median, 3),
+                        "unit": "ms", "jobs": size, "queues": args.queues,
+                        "runs": args.runs})  # fmt: skip
     if 1000 in results and 10000 in results:
         ratio = results[10000]["median"] / results[1000]["median"]
         print(f"10k/1k median ratio (default gc): {ratio:.2f}")

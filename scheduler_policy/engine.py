@@ -106,10 +106,12 @@ def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> 
     for job in cluster.list_jobs():
         history = sample.job_throughput.get(job.key, job.throughput_history)
         remaining = sample.job_remaining_samples.get(job.key, job.remaining_samples)
-        if any(not math.isfinite(p.samples_per_s) for p in history):
-            fresh = False
+        for point in history:  # a loop, not any(): a generator per job cost more than the check
+            if not math.isfinite(point.samples_per_s):
+                fresh = False
+                break
         if history is not job.throughput_history or remaining != job.remaining_samples:
-            job = dataclasses.replace(job, throughput_history=history, remaining_samples=remaining)
+            job = job.with_metrics(history, remaining)
         jobs.append(job)
     return Observation(
         time_s=now_s,

@@ -138,6 +138,34 @@ class JobState:
     read_problems: tuple[str, ...] = ()
     scheduled_replicas: int | None = None
 
+    def with_metrics(
+        self, history: tuple[ThroughputPoint, ...], remaining_samples: float | None
+    ) -> JobState:
+        """The same job with the metrics source's throughput history and remaining samples.
+
+        ``dataclasses.replace`` would do, but it took three quarters of ``observe`` on 10,000
+        jobs; the constructor called directly takes under half as long.
+        """
+        return JobState(
+            key=self.key,
+            queue=self.queue,
+            gpus_per_replica=self.gpus_per_replica,
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            current_replicas=self.current_replicas,
+            phase=self.phase,
+            elastic=self.elastic,
+            throughput_history=history,
+            last_rescale_s=self.last_rescale_s,
+            restart_cost_s=self.restart_cost_s,
+            remaining_samples=remaining_samples,
+            task=self.task,
+            recommendations=self.recommendations,
+            nonelastic_gpus=self.nonelastic_gpus,
+            read_problems=self.read_problems,
+            scheduled_replicas=self.scheduled_replicas,
+        )
+
     @property
     def held_replicas(self) -> int:
         """Replicas that hold GPUs now: the scheduled ones, never more than the spec asks.
