@@ -6,7 +6,9 @@ state refits nothing), then times ``decide`` — triage, budgets, allocation, st
 decisions' messages — over many runs. Prints a table; ``--json PATH`` writes the records.
 
 It also times ``observe``, the step before: joining the jobs as the cluster lists them (no
-throughput) with the metrics source's throughput histories and remaining samples.
+throughput) with the metrics source's throughput histories and remaining samples; and one
+scaling-model refit (``ScalingModel.from_points`` on a 24-point history at three sizes), what a
+reconcile pays per job with new measurements.
 
     python benchmarks/engine_latency.py --json benchmarks/out/engine_latency.json
 """
@@ -39,6 +41,7 @@ from scheduler_policy.model import (
 from scheduler_policy.models_cache import ModelCache
 from scheduler_policy.policy import Defaults, ElasticPolicy, QueuePolicy
 from scheduler_policy.protocols import MetricsSample
+from scheduler_policy.scaling_model import ScalingModel
 
 NOW_S = 1_700_000_000.0
 
@@ -138,6 +141,24 @@ def measure_observe(jobs: int, queues: int, runs: int) -> float:
     return statistics.median(samples_ms)
 
 
+def measure_refit(runs: int) -> float:
+    """Median µs of one scaling-model fit to a 24-point history at 1, 2 and 4 replicas."""
+    rng = np.random.default_rng(0)
+    history = [
+        ThroughputPoint(
+            NOW_S - 300.0 * k, n, 100.0 * n / (1 + 0.05 * (n - 1)) * rng.uniform(0.95, 1.05)
+        )
+        for k, n in enumerate([1, 2, 4] * 8)
+    ]
+    samples_us = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        for _ in range(100):
+            ScalingModel.from_points(history)
+        samples_us.append((time.perf_counter() - start) * 1e6 / 100)
+    return statistics.median(samples_us)
+
+
 def measure(jobs: int, queues: int, runs: int, *, gc_freeze: bool) -> dict[str, float]:
     observation, policy = synthetic(jobs, queues, seed=jobs)
     models = ModelCache(refit_s=3600.0)
@@ -196,6 +217,10 @@ def main() -> None:
         records.append({"metric": "observe_latency_median", "value": round(median, 3),
                         "unit": "ms", "jobs": size, "queues": args.queues,
                         "runs": args.runs})  # fmt: skip
+    refit_us = measure_refit(args.runs)
+    print(f"one scaling-model refit (24 points, 3 sizes): median {refit_us:.1f} µs")
+    records.append({"metric": "refit_latency_median", "value": round(refit_us, 2), "unit": "us",
+                    "points": 24, "sizes": 3, "runs": args.runs})  # fmt: skip
     if 1000 in results and 10000 in results:
         ratio = results[10000]["median"] / results[1000]["median"]
         print(f"10k/1k median ratio (default gc): {ratio:.2f}")

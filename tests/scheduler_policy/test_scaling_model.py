@@ -106,6 +106,17 @@ def test_one_size_takes_the_prior_shape_through_the_point(size: int) -> None:
     assert model.n_sizes_ == 1
 
 
+def test_each_size_counts_as_the_median_of_its_measurements_in_any_order() -> None:
+    # Two sizes: the curve passes through both medians (within the prior's slight pull). Size 2
+    # has an even count (the median is the mean of the middle two, 185, not 180 or 190), and
+    # each size has a far outlier.
+    X = np.array([[2.0], [1.0], [2.0], [1.0], [2.0], [1.0], [2.0]])
+    y = np.array([180.0, 100.0, 1000.0, 90.0, 170.0, 300.0, 190.0])
+    model = ScalingModel().fit(X, y)
+    assert model.predict([[1.0], [2.0]]) == pytest.approx([100.0, 185.0], rel=0.005)
+    assert model.n_sizes_ == 2 and model.max_size_seen_ == 2.0
+
+
 def test_linear_scaling_is_recovered() -> None:
     X, y = make_points(50.0, 0.0, 0.0, SIZES)
     model = ScalingModel().fit(X, y)
