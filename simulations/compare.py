@@ -14,7 +14,7 @@ from rich.table import Table
 from simulations.api import PolicyRun, run_policies, write_json_report
 from simulations.cluster_config import ClusterSpec
 from simulations.plots import plot_all
-from simulations.report import Summary, jct_lower_bound_h, summarize
+from simulations.report import Summary, jct_lower_bound_h, summarize, write_jobs_csv
 from simulations.run import RunOptions, SimResult
 from simulations.workload import Workload
 
@@ -177,6 +177,9 @@ def run_comparison(
     write_json_report(out_dir / "report.json", summaries, meta=meta)
     if json_path is not None:
         write_json_report(json_path, summaries, meta=meta)
+    write_jobs_csv(out_dir / "jobs.csv", results)
     plots = plot_all(results, out_dir)
-    console.print(f"report and {len(plots)} plots in {out_dir}")
+    console.print(
+        f"report, jobs.csv (every job under every policy) and {len(plots)} plots in {out_dir}"
+    )
     return summaries

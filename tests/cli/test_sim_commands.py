@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 from pathlib import Path
@@ -51,10 +52,26 @@ def test_simulate_writes_report_and_plots(tmp_path: Path) -> None:
     assert f"below {bound:.2f} h" in " ".join(result.output.split())
     assert {p.name for p in out.iterdir()} == {
         "report.json",
+        "jobs.csv",
         "jct_cdf.png",
         "utilization.png",
         "replicas.png",
     }
+    with (out / "jobs.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    jobs = doc["meta"]["jobs"]
+    assert [r["policy"] for r in rows] == ["tide"] * jobs + ["static"] * jobs
+    for summary in doc["summaries"]:
+        mine = [r for r in rows if r["policy"] == summary["policy"]]
+        jct = [float(r["jct_h"]) for r in mine if r["jct_h"]]
+        assert len(jct) == summary["finished"]
+        assert sum(jct) / len(jct) == pytest.approx(summary["avg_jct_h"], abs=1e-3)
+        assert sum(int(r["rescales"]) for r in mine) == summary["rescales"]
+        for r in mine:
+            if r["start_h"]:
+                assert float(r["queueing_h"]) == pytest.approx(
+                    float(r["start_h"]) - float(r["submit_h"]), abs=2e-4
+                )
 
 
 def test_simulate_bad_trace_row_exits_1_naming_file_and_line(tmp_path: Path) -> None:
