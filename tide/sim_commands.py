@@ -187,6 +187,24 @@ def _options(
     )
 
 
+LONG_TRACE_DAYS = 7.0
+"""Arrivals spanning more days than this get the ``--quiet-interval`` tip."""
+
+
+def _long_trace_tip(workload: Workload, quiet_s: float | None) -> None:
+    """Point a long replay without ``--quiet-interval`` at it."""
+    if quiet_s is not None or not workload.jobs:
+        return
+    submits = [job.submit_s for job in workload.jobs]
+    days = (max(submits) - min(submits)) / 86400.0
+    if days > LONG_TRACE_DAYS:
+        console.print(
+            f"[dim]tip: arrivals span {days:.0f} days; --quiet-interval 600 lets reconciles "
+            "space out to 10 minutes while nothing happens: faster on long traces, with the "
+            "engine deciding less often while the cluster is quiet[/dim]"
+        )
+
+
 def register(app: typer.Typer) -> None:
     """Add ``simulate``, ``compare`` and ``tune`` to the ``tide`` app."""
 
@@ -248,6 +266,7 @@ def register(app: typer.Typer) -> None:
                 outage_h=outage_h,
                 quiet_s=quiet_s,
             )
+            _long_trace_tip(workload, quiet_s)
             run_comparison(
                 console=console,
                 runs=runs,
@@ -274,6 +293,7 @@ def register(app: typer.Typer) -> None:
         load: LoadOpt = DEFAULT_LOAD,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
+        quiet_s: QuietOpt = None,
         workers: SimWorkersOpt = None,
         out: OutOpt = Path("tide-compare-out"),
         json_path: JsonOpt = None,
@@ -296,8 +316,9 @@ def register(app: typer.Typer) -> None:
                 _warn_policy(policy, cluster)
                 runs.append(PolicyRun(f"{path.stem}", "tide", policy))
             options = _options(
-                seed=seed, horizon_h=horizon_h, mtbf_h=None, outage_h=None, quiet_s=None
+                seed=seed, horizon_h=horizon_h, mtbf_h=None, outage_h=None, quiet_s=quiet_s
             )
+            _long_trace_tip(workload, quiet_s)
             run_comparison(
                 console=console,
                 runs=runs,

@@ -323,3 +323,31 @@ def test_simulate_gives_the_same_report_in_one_process_and_in_two(tmp_path: Path
     assert docs[0] == docs[1]
     result = runner.invoke(app, ["simulate", "--workers", "0", "--out", str(tmp_path / "0")])
     assert result.exit_code == 2 and "--workers" in result.output
+
+
+def test_a_long_trace_without_quiet_interval_gets_the_tip(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_s,replicas,duration_s\na,0,1,600\nb,864000,1,600\n")
+    args = ["simulate", "--trace", str(trace), "--policies", "static", "--out", str(tmp_path)]
+    tipped = runner.invoke(app, args)
+    assert tipped.exit_code == 0, tipped.output
+    assert "arrivals span 10 days; --quiet-interval 600" in " ".join(tipped.output.split())
+    quiet = runner.invoke(app, [*args, "--quiet-interval", "600"])
+    assert quiet.exit_code == 0, quiet.output
+    assert "tip:" not in quiet.output
+    short = tmp_path / "s.csv"
+    short.write_text("job_id,submit_s,replicas,duration_s\na,0,1,600\nb,3600,1,600\n")
+    plain = runner.invoke(app, ["simulate", "--trace", str(short), "--policies", "static",
+                                "--out", str(tmp_path)])  # fmt: skip
+    assert "tip:" not in plain.output
+
+
+def test_compare_takes_the_quiet_interval(tmp_path: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text(POLICY % ("p", "60s"))
+    args = ["compare", str(policy), "--duration", "2", "--out", str(tmp_path)]
+    ok = runner.invoke(app, [*args, "--quiet-interval", "600"])
+    assert ok.exit_code == 0, ok.output
+    refused = runner.invoke(app, [*args, "--quiet-interval", "0"])
+    assert refused.exit_code == 2
+    assert "must be a finite number of seconds > 0" in " ".join(refused.output.split())
