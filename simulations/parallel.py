@@ -19,8 +19,11 @@ _progress_queue: Any = None
 
 
 def _init_worker(progress_queue: Any) -> None:
-    """In a worker: Ctrl-C reaches the whole process group, and it is the parent's to handle
-    (it terminates the workers); a worker of its own would print a traceback."""
+    """In a worker: ignore Ctrl-C, and keep where progress goes.
+
+    Ctrl-C reaches the whole process group, and it is the parent's to handle (it terminates the
+    workers); a worker of its own would print a traceback.
+    """
     global _progress_queue
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _progress_queue = progress_queue
