@@ -219,6 +219,79 @@ def _run_one(
     return run_one(run, workload=workload, cluster=cluster, options=options, progress=progress)
 
 
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One simulation to run: a policy on a workload, with its run options."""
+
+    run: PolicyRun
+    workload: Workload
+    options: RunOptions
+
+
+def run_cases(
+    cases: Sequence[Case],
+    *,
+    cluster: ClusterSpec,
+    on_done: Callable[[SimResult], None] | None = None,
+    workers: int = 1,
+    on_progress: Callable[[int, int, int, float], None] | None = None,
+) -> list[SimResult]:
+    """Simulate each case on the cluster.
+
+    Each run is deterministic and independent of the others, so with ``workers`` > 1 they run
+    in that many processes at once and give the same results as one after another. An error in
+    one run, or an interrupt, stops the others at once (``parallel.results_as_done``).
+
+    Args:
+        cases: the runs.
+        cluster: the cluster.
+        on_done: called with each result as its run finishes (in finishing order).
+        workers: processes to run in; 1 runs in this one, in order.
+        on_progress: called with ``(index in cases, jobs finished, jobs in all, simulated
+            seconds)`` while the runs go on, a few times a second per run, and once as each run
+            finishes.
+
+    Returns:
+        One result per case, in the order of ``cases``.
+
+    Raises:
+        SimulationError: as ``run_one``; ValueError for ``workers`` < 1.
+    """
+    if workers < 1:
+        raise ValueError(f"run_cases: workers must be >= 1, got {workers}")
+
+    def done(i: int, result: SimResult) -> SimResult:
+        case = cases[i]
+        logger.info("%s on %s: %.1fs wall", case.run.label, case.workload.name, result.wall_s)
+        if on_progress is not None:
+            # From this process: a worker's last report may still be on its way.
+            finished = sum(1 for job in result.jobs if job.end_s is not None)
+            on_progress(i, finished, len(result.jobs), result.end_s)
+        if on_done is not None:
+            on_done(result)
+        return result
+
+    if workers == 1 or len(cases) < 2:
+        return [
+            done(
+                i,
+                run_one(
+                    case.run,
+                    workload=case.workload,
+                    cluster=cluster,
+                    options=case.options,
+                    progress=None if on_progress is None else functools.partial(on_progress, i),
+                ),
+            )
+            for i, case in enumerate(cases)
+        ]
+    results: dict[int, SimResult] = {}
+    calls = [(case.run, case.workload, cluster, case.options) for case in cases]
+    for i, result in results_as_done(_run_one, calls, workers=workers, on_progress=on_progress):
+        results[i] = done(i, result)
+    return [results[i] for i in range(len(cases))]
+
+
 def run_policies(
     runs: Sequence[PolicyRun],
     *,
@@ -229,11 +302,7 @@ def run_policies(
     workers: int = 1,
     on_progress: Callable[[int, int, int, float], None] | None = None,
 ) -> list[SimResult]:
-    """Simulate each policy on the same workload and cluster.
-
-    Each run is deterministic and independent of the others, so with ``workers`` > 1 they run
-    in that many processes at once and give the same results as one after another. An error in
-    one run, or an interrupt, stops the others at once (``parallel.results_as_done``).
+    """Simulate each policy on the same workload and cluster (``run_cases``).
 
     Args:
         runs: the policies.
@@ -242,9 +311,7 @@ def run_policies(
         options: run options.
         on_done: called with each result as its run finishes (in finishing order).
         workers: processes to run in; 1 runs in this one, in order.
-        on_progress: called with ``(index in runs, jobs finished, jobs in all, simulated
-            seconds)`` while the runs go on, a few times a second per run, and once as each run
-            finishes.
+        on_progress: as ``run_cases``, indexed by ``runs``.
 
     Returns:
         One result per run, in the order of ``runs``.
@@ -252,52 +319,45 @@ def run_policies(
     Raises:
         SimulationError: as ``run_one``; ValueError for ``workers`` < 1.
     """
-    if workers < 1:
-        raise ValueError(f"run_policies: workers must be >= 1, got {workers}")
-
-    def done(i: int, result: SimResult) -> SimResult:
-        logger.info("%s on %s: %.1fs wall", runs[i].label, workload.name, result.wall_s)
-        if on_progress is not None:
-            # From this process: a worker's last report may still be on its way.
-            finished = sum(1 for job in result.jobs if job.end_s is not None)
-            on_progress(i, finished, len(result.jobs), result.end_s)
-        if on_done is not None:
-            on_done(result)
-        return result
-
-    if workers == 1 or len(runs) < 2:
-        return [
-            done(
-                i,
-                run_one(
-                    run,
-                    workload=workload,
-                    cluster=cluster,
-                    options=options,
-                    progress=None if on_progress is None else functools.partial(on_progress, i),
-                ),
-            )
-            for i, run in enumerate(runs)
-        ]
-    results: dict[int, SimResult] = {}
-    calls = [(run, workload, cluster, options) for run in runs]
-    for i, result in results_as_done(_run_one, calls, workers=workers, on_progress=on_progress):
-        results[i] = done(i, result)
-    return [results[i] for i in range(len(runs))]
+    return run_cases(
+        [Case(run, workload, options) for run in runs],
+        cluster=cluster,
+        on_done=on_done,
+        workers=workers,
+        on_progress=on_progress,
+    )
 
 
-def write_json_report(path: Path, summaries: Sequence[Summary], *, meta: dict[str, object]) -> None:
-    """Write the comparison as JSON: ``{"meta": ..., "summaries": [...]}``."""
+def write_json_report(
+    path: Path,
+    summaries: Sequence[Summary],
+    *,
+    meta: dict[str, object],
+    seeds: Sequence[int] | None = None,
+) -> None:
+    """Write the comparison as JSON: ``{"meta": ..., "summaries": [...]}``.
+
+    Args:
+        path: the file.
+        summaries: the runs' summaries.
+        meta: what the runs were.
+        seeds: the seed of each summary, written into it as ``seed``; None for none.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"meta": meta, "summaries": [s.as_dict() for s in summaries]}
+    docs = [s.as_dict() for s in summaries]
+    if seeds is not None:
+        docs = [{**d, "seed": seed} for d, seed in zip(docs, seeds, strict=True)]
+    doc = {"meta": meta, "summaries": docs}
     path.write_text(json.dumps(doc, indent=2, sort_keys=True))
 
 
 __all__ = [
+    "Case",
     "PolicyRun",
     "Summary",
     "default_policy_for",
     "load_workload",
+    "run_cases",
     "run_one",
     "run_policies",
     "summarize",

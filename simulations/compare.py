@@ -1,9 +1,12 @@
-"""A comparison run for the CLI: every policy on one workload, a rich table, JSON and plots."""
+"""A comparison run for the CLI: every policy on one workload (or one per seed), a rich table,
+JSON, a CSV of every job, and plots."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich import box
@@ -11,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from simulations.api import PolicyRun, run_policies, write_json_report
+from simulations.api import Case, PolicyRun, run_cases, write_json_report
 from simulations.cluster_config import ClusterSpec
 from simulations.plots import plot_all
 from simulations.report import Summary, jct_lower_bound_h, summarize, write_jobs_csv
@@ -23,35 +26,41 @@ def fmt(value: float, digits: int = 2) -> str:
     return "-" if isinstance(value, float) and math.isnan(value) else f"{value:.{digits}f}"
 
 
+def _table(title: str, caption: str, columns: Sequence[str]) -> Table:
+    """A comparison table: a policy column, then right-aligned figures.
+
+    Short header words that wrap cleanly; numbers never wrap, so an 80-column terminal shows
+    every figure whole. A long policy name folds onto more lines rather than pushing the last
+    columns (and part of the caption) off the terminal.
+    """
+    table = Table(
+        title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, caption=caption
+    )
+    table.add_column("policy", justify="left", overflow="fold", min_width=9)
+    for col in columns:
+        table.add_column(col, justify="right", no_wrap=True, min_width=5)
+    return table
+
+
 def summary_table(summaries: Sequence[Summary], *, title: str) -> Table:
     """The comparison as a rich table."""
-    table = Table(
-        title=title,
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        collapse_padding=True,
-        caption=(
-            "JCT: job completion time. rigid queue: queueing delay of non-elastic jobs. "
-            "useful util: GPU time that made progress. lost: GPU-hours lost to restarts and "
-            "kills. guar. wait: minutes guaranteed work waited while its GPUs were lent out."
+    table = _table(
+        title,
+        "JCT: job completion time. rigid queue: queueing delay of non-elastic jobs. "
+        "useful util: GPU time that made progress. lost: GPU-hours lost to restarts and "
+        "kills. guar. wait: minutes guaranteed work waited while its GPUs were lent out.",
+        (
+            "JCT\navg h",
+            "JCT\np50 h",
+            "JCT\np95 h",
+            "JCT\np99 h",
+            "rigid\nqueue\np95 h",
+            "useful\nutil",
+            "re-\nscales",
+            "lost\nGPU-h",
+            "guar.\nwait\nmin",
         ),
     )
-    # Short header words that wrap cleanly; numbers never wrap, so an 80-column terminal
-    # shows every figure whole. A long policy name folds onto more lines rather than pushing
-    # the last columns (and part of the caption) off the terminal.
-    table.add_column("policy", justify="left", overflow="fold", min_width=9)
-    for col in (
-        "JCT\navg h",
-        "JCT\np50 h",
-        "JCT\np95 h",
-        "JCT\np99 h",
-        "rigid\nqueue\np95 h",
-        "useful\nutil",
-        "re-\nscales",
-        "lost\nGPU-h",
-        "guar.\nwait\nmin",
-    ):
-        table.add_column(col, justify="right", no_wrap=True, min_width=5)
     for s in summaries:
         table.add_row(
             s.policy,
@@ -68,26 +77,124 @@ def summary_table(summaries: Sequence[Summary], *, title: str) -> Table:
     return table
 
 
+@dataclass(frozen=True, slots=True)
+class Seeded:
+    """One seed's workload and run options, for a comparison over seeds.
+
+    Attributes:
+        seed: the seed (of the workload, the measurement noise and the faults).
+        workload: the jobs drawn or assigned with it.
+        options: run options with it.
+    """
+
+    seed: int
+    workload: Workload
+    options: RunOptions
+
+
+def seeds_table(summaries: Sequence[Summary], *, title: str) -> Table:
+    """Each policy's figures over several seeds: medians, and the range of the average JCT.
+
+    Args:
+        summaries: one per policy per seed, in any order.
+        title: the table's title.
+    """
+    table = _table(
+        title,
+        "Medians over the seeds; range: lowest and highest average JCT of one seed. "
+        "Per seed in the JSON report and jobs.csv.",
+        (
+            "JCT\navg h",
+            "JCT avg\nrange h",
+            "JCT\np95 h",
+            "rigid\nqueue\np95 h",
+            "useful\nutil",
+            "re-\nscales",
+            "lost\nGPU-h",
+        ),
+    )
+    for policy, rows in _by_policy(summaries).items():
+        avg = [r.avg_jct_h for r in rows]
+        table.add_row(
+            policy,
+            fmt(_median(avg)),
+            f"{fmt(min(avg))}–{fmt(max(avg))}",
+            fmt(_median([r.p95_jct_h for r in rows])),
+            fmt(_median([r.p95_queue_nonelastic_h for r in rows])),
+            fmt(_median([r.useful_utilization for r in rows])),
+            f"{_median([float(r.rescales) for r in rows]):.0f}",
+            fmt(_median([r.restart_gpu_hours + r.killed_gpu_hours for r in rows])),
+        )
+    return table
+
+
+def _by_policy(summaries: Sequence[Summary]) -> dict[str, list[Summary]]:
+    out: dict[str, list[Summary]] = {}
+    for summary in summaries:
+        out.setdefault(summary.policy, []).append(summary)
+    return out
+
+
+def _median(values: Sequence[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return statistics.median(finite) if finite else math.nan
+
+
+def ratio_lines(summaries: Sequence[Summary], seeds: Sequence[int], *, reference: str) -> list[str]:
+    """``reference``'s average JCT over each other policy's, seed by seed, and their median."""
+    mine = {
+        seed: s.avg_jct_h for s, seed in zip(summaries, seeds, strict=True) if s.policy == reference
+    }
+    lines = []
+    for policy in _by_policy(summaries):
+        if policy == reference:
+            continue
+        ratios = [
+            mine[seed] / s.avg_jct_h
+            for s, seed in zip(summaries, seeds, strict=True)
+            if s.policy == policy and seed in mine and s.avg_jct_h > 0
+        ]
+        if not ratios:
+            continue
+        per_seed = " ".join(f"{r:.2f}" for r in ratios)
+        lines.append(
+            f"{reference} ÷ {policy}, average JCT: median {_median(ratios):.2f} "
+            f"(per seed: {per_seed})"
+        )
+    return lines
+
+
 def run_comparison(
     *,
     console: Console,
     runs: Sequence[PolicyRun],
-    workload: Workload,
+    seeded: Sequence[Seeded],
     cluster: ClusterSpec,
-    options: RunOptions,
     out_dir: Path,
     json_path: Path | None,
     workers: int = 1,
 ) -> list[Summary]:
-    """Run every policy, print the table, write the JSON report and plots.
+    """Run every policy on every seed's workload, print the table, write the reports and plots.
+
+    With one seed the table shows that run's figures; with several, each policy's medians over
+    the seeds, and how the first policy compares with each other one seed by seed.
 
     Args:
-        workers: processes the policies run in at once (``run_policies``).
+        console: where the table goes.
+        runs: the policies.
+        seeded: the workload and run options of each seed (at least one).
+        cluster: the cluster.
+        out_dir: folder for ``report.json``, ``jobs.csv`` and the plots (of the first seed).
+        json_path: where else to write the JSON report; None for nowhere else.
+        workers: processes the runs go in at once (``run_cases``).
 
     Returns:
-        One summary per policy.
+        One summary per policy per seed, seed by seed.
     """
-    parallel = workers > 1 and len(runs) > 1
+    cases = [Case(run, one.workload, one.options) for one in seeded for run in runs]
+    seeds = [one.seed for one in seeded for _ in runs]
+    first = seeded[0]
+    parallel = workers > 1 and len(cases) > 1
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -99,18 +206,22 @@ def run_comparison(
         # thread holds, and the bar moves at each finished run anyway.
         auto_refresh=not parallel,
     ) as progress:
-        processes = f" in {min(workers, len(runs))} processes" if parallel else ""
+        processes = f" in {min(workers, len(cases))} processes" if parallel else ""
+        what = f"{len(runs)} policies" + (f" x {len(seeded)} seeds" if len(seeded) > 1 else "")
         task = progress.add_task(
-            f"simulating {len(runs)} policies on {workload.name}{processes}", total=len(runs)
+            f"simulating {what} on {first.workload.name}{processes}", total=len(cases)
         )
-        # One bar per run (a long trace takes minutes per policy): in jobs finished, or in
-        # simulated hours when the run stops at a horizon (most jobs would never finish).
-        horizon_h = None if options.horizon_s is None else options.horizon_s / 3600.0
-        unit, total = (
-            ("jobs done", len(workload.jobs)) if horizon_h is None else ("simulated h", horizon_h)
-        )
+        # One bar per policy, over all seeds (a long trace takes minutes per run): in jobs
+        # finished, or in simulated hours when runs stop at a horizon (most jobs would never
+        # finish).
+        horizon_s = first.options.horizon_s
+        horizon_h = None if horizon_s is None else horizon_s / 3600.0
+        if horizon_h is None:
+            unit, total = "jobs done", float(sum(len(one.workload.jobs) for one in seeded))
+        else:
+            unit, total = "simulated h", horizon_h * len(seeded)
         bars = [progress.add_task(f"  {run.label}: {unit}", total=total) for run in runs]
-        shown = [0.0] * len(runs)
+        shown = [0.0] * len(cases)
         progress.refresh()
 
         def advance(_: SimResult) -> None:
@@ -121,20 +232,60 @@ def run_comparison(
             value = finished if horizon_h is None else min(horizon_h, now_s / 3600.0)
             # A worker's report may arrive after its run's final one: never move back.
             shown[index] = max(shown[index], value)
-            progress.update(bars[index], completed=shown[index])
+            policy = index % len(runs)  # cases go seed by seed, policies in order
+            progress.update(bars[policy], completed=sum(shown[policy :: len(runs)]))
             if parallel:
                 progress.refresh()
 
-        results = run_policies(
-            runs,
-            workload=workload,
-            cluster=cluster,
-            options=options,
-            on_done=advance,
-            workers=workers,
-            on_progress=show,
+        results = run_cases(
+            cases, cluster=cluster, on_done=advance, workers=workers, on_progress=show
         )
     summaries = [summarize(r) for r in results]
+    bounds = [jct_lower_bound_h(one.workload) for one in seeded]
+    if len(seeded) == 1:
+        _print_one(console, summaries, first, cluster, bounds[0])
+    else:
+        _print_seeds(console, summaries, seeds, seeded, cluster, bounds, reference=runs[0].label)
+    for summary, seed in zip(summaries, seeds, strict=True):
+        if summary.finished < summary.jobs:
+            where = f" (seed {seed})" if len(seeded) > 1 else ""
+            console.print(
+                f"[yellow]{summary.policy}{where}: {summary.jobs - summary.finished} job(s) did "
+                "not finish (their gangs never fit, or the horizon cut them); JCT figures cover "
+                "finished jobs only[/yellow]"
+            )
+    meta: dict[str, object] = {
+        "workload": first.workload.name,
+        "cluster": cluster.name,
+        "gpus": cluster.total_gpus,
+        "jobs": len(first.workload.jobs),
+        "skipped_rows": first.workload.skipped_rows,
+        "avg_jct_lower_bound_h": bounds[0],
+        "seeds": [one.seed for one in seeded],
+        "jobs_by_seed": [len(one.workload.jobs) for one in seeded],
+        "avg_jct_lower_bound_h_by_seed": bounds,
+    }
+    write_json_report(out_dir / "report.json", summaries, meta=meta, seeds=seeds)
+    if json_path is not None:
+        write_json_report(json_path, summaries, meta=meta, seeds=seeds)
+    write_jobs_csv(out_dir / "jobs.csv", results, seeds=seeds)
+    plots = plot_all(results[: len(runs)], out_dir)
+    of_seed = f" of seed {first.seed}" if len(seeded) > 1 else ""
+    console.print(
+        f"report, jobs.csv (every job under every policy) and {len(plots)} plots{of_seed} "
+        f"in {out_dir}"
+    )
+    return summaries
+
+
+def _print_one(
+    console: Console,
+    summaries: Sequence[Summary],
+    one: Seeded,
+    cluster: ClusterSpec,
+    bound_h: float,
+) -> None:
+    workload = one.workload
     console.print(
         summary_table(
             summaries,
@@ -144,12 +295,11 @@ def run_comparison(
     )
     if workload.skipped_rows:
         console.print(f"skipped {workload.skipped_rows} bad trace row(s)")
-    bound_h = jct_lower_bound_h(workload)
     console.print(
         f"no policy can bring the average JCT of all jobs below {bound_h:.2f} h (each job alone on "
         "the cluster at its fastest size, never queued)"
     )
-    faults = options.faults
+    faults = one.options.faults
     if faults.node_mtbf_s is not None or faults.outage_every_s is not None:
         # The same seeded faults for every policy; a run that lasts longer sees more of them.
         longest = max(summaries, key=lambda s: s.makespan_h)
@@ -159,27 +309,40 @@ def run_comparison(
             f"down), {longest.metrics_outages} metrics outage(s) "
             f"({longest.metrics_outage_minutes:.0f} min); per policy in the JSON report"
         )
-    for summary in summaries:
-        if summary.finished < summary.jobs:
-            console.print(
-                f"[yellow]{summary.policy}: {summary.jobs - summary.finished} job(s) did not "
-                "finish (their gangs never fit, or the horizon cut them); JCT figures cover "
-                "finished jobs only[/yellow]"
-            )
-    meta: dict[str, object] = {
-        "workload": workload.name,
-        "cluster": cluster.name,
-        "gpus": cluster.total_gpus,
-        "jobs": len(workload.jobs),
-        "skipped_rows": workload.skipped_rows,
-        "avg_jct_lower_bound_h": bound_h,
-    }
-    write_json_report(out_dir / "report.json", summaries, meta=meta)
-    if json_path is not None:
-        write_json_report(json_path, summaries, meta=meta)
-    write_jobs_csv(out_dir / "jobs.csv", results)
-    plots = plot_all(results, out_dir)
+
+
+def _print_seeds(
+    console: Console,
+    summaries: Sequence[Summary],
+    seeds: Sequence[int],
+    seeded: Sequence[Seeded],
+    cluster: ClusterSpec,
+    bounds: Sequence[float],
+    *,
+    reference: str,
+) -> None:
+    names = [one.workload.name for one in seeded]
+    name = names[0] if len(set(names)) == 1 else f"{names[0]} … {names[-1]}"
+    counts = sorted({len(one.workload.jobs) for one in seeded})
+    jobs = f"{counts[0]} jobs" if len(counts) == 1 else f"{counts[0]}–{counts[-1]} jobs"
+    seed_list = ",".join(str(one.seed) for one in seeded)
     console.print(
-        f"report, jobs.csv (every job under every policy) and {len(plots)} plots in {out_dir}"
+        seeds_table(
+            summaries,
+            title=f"{name} on {cluster.name} ({cluster.total_gpus} GPUs, {jobs}), "
+            f"seeds {seed_list}",
+        )
     )
-    return summaries
+    for line in ratio_lines(summaries, seeds, reference=reference):
+        console.print(line)
+    skipped = sorted({one.workload.skipped_rows for one in seeded})
+    if skipped[-1]:
+        console.print(f"skipped {skipped[-1]} bad trace row(s)")
+    console.print(
+        f"no policy can bring the average JCT of all jobs below {_median(bounds):.2f} h, median "
+        f"over the seeds ({min(bounds):.2f}–{max(bounds):.2f}; each job alone on the cluster at "
+        "its fastest size, never queued)"
+    )
+    faults = seeded[0].options.faults
+    if faults.node_mtbf_s is not None or faults.outage_every_s is not None:
+        console.print("faults injected, drawn per seed; what each run saw is in the JSON report")

@@ -169,6 +169,7 @@ def jct_lower_bound_h(workload: Workload) -> float:
 
 JOB_COLUMNS = (
     "policy",
+    "seed",
     "job",
     "queue",
     "elastic",
@@ -188,8 +189,8 @@ JOB_COLUMNS = (
 """The columns of ``write_jobs_csv``, in order."""
 
 
-def write_jobs_csv(path: Path, results: Sequence[SimResult]) -> int:
-    """Write one row per job per run: where each job's time went under each policy.
+def write_jobs_csv(path: Path, results: Sequence[SimResult], *, seeds: Sequence[int]) -> int:
+    """Write one row per job per run: where each job's time went under each policy and seed.
 
     Times are hours from the trace's start (``submit_h`` is the trace's submission time);
     ``start_h``, ``end_h``, ``queueing_h`` and ``jct_h`` are empty for a job that never started
@@ -199,6 +200,7 @@ def write_jobs_csv(path: Path, results: Sequence[SimResult]) -> int:
     Args:
         path: the CSV file to write.
         results: the runs.
+        seeds: the seed of each run.
 
     Returns:
         The rows written.
@@ -213,11 +215,12 @@ def write_jobs_csv(path: Path, results: Sequence[SimResult]) -> int:
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(JOB_COLUMNS)
-        for result in results:
+        for result, seed in zip(results, seeds, strict=True):
             for job in result.jobs:
                 writer.writerow(
                     (
                         result.policy,
+                        seed,
                         job.key,
                         job.queue,
                         "true" if job.elastic else "false",

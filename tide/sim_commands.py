@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -20,8 +21,8 @@ from scheduler_policy.policy import ElasticPolicy
 from scheduler_policy.policy_file import load_policy
 from simulations.api import PolicyRun, default_policy_for, load_workload, policy_queue_warnings
 from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
+from simulations.compare import Seeded, run_comparison
 from simulations.compare import fmt as format_number
-from simulations.compare import run_comparison
 from simulations.controllers import BASELINE_NAMES
 from simulations.errors import SimulationError
 from simulations.faults import FaultOptions
@@ -49,6 +50,14 @@ ClusterOpt = Annotated[
     Path | None, typer.Option("--cluster", help="Cluster file (YAML); default: built-in 8x4 GPUs.")
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of workload, noise and faults.")]
+SeedsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--seeds",
+        help="Several seeds instead of --seed, e.g. 0,1,2: every policy on each seed's "
+        "workload; the table shows medians over them.",
+    ),
+]
 DurationOpt = Annotated[
     float, typer.Option("--duration", help="Arrival window of the built-in workload, hours.")
 ]
@@ -115,6 +124,23 @@ def _seed_list(text: str) -> list[int]:
     return seeds
 
 
+def _seeds(seed: int, seeds: str | None) -> list[int]:
+    """The seeds to run: ``--seeds`` if given (then ``--seed`` must be left out), else ``--seed``.
+
+    Raises:
+        typer.BadParameter: both given, a bad entry, or a seed given twice.
+    """
+    if seeds is None:
+        return [seed]
+    if seed != 0:
+        raise typer.BadParameter("give --seed or --seeds, not both", param_hint="--seeds")
+    chosen = _seed_list(seeds)
+    twice = sorted({s for s in chosen if chosen.count(s) > 1})
+    if twice:
+        raise typer.BadParameter(f"seed {twice[0]} is given twice", param_hint="--seeds")
+    return chosen
+
+
 def _workers(asked: int | None, runs: int) -> int:
     """``--workers``, or one process per CPU this process may use, at most one per run."""
     if asked is not None:
@@ -128,30 +154,36 @@ def _warn_policy(policy: ElasticPolicy, cluster: ClusterSpec) -> None:
         console.print(f"[yellow]warning:[/yellow] {warning}")
 
 
-def _setup(
+def _seeded_setup(
     *,
     trace: Path | None,
     fmt: str,
     member: str,
     cluster_file: Path | None,
-    seed: int,
+    seeds: list[int],
     duration_h: float,
     load: float,
     skip_bad_rows: bool,
-) -> tuple[Workload, ClusterSpec]:
+    options: Callable[[int], RunOptions],
+) -> tuple[list[Seeded], ClusterSpec]:
+    """The cluster, and each seed's workload and run options (the options are checked first)."""
+    checked = [options(s) for s in seeds]
     cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
-    workload = load_workload(
-        trace=trace,
-        trace_format=fmt,
-        member=member,
-        seed=seed,
-        duration_s=duration_h * 3600,
-        load=load,
-        cluster_gpus=cluster.total_gpus,
-        skip_bad_rows=skip_bad_rows,
-        gpus_per_node=cluster.gpus_per_node,
-    )
-    return workload, cluster
+    seeded = []
+    for s, run_options in zip(seeds, checked, strict=True):
+        workload = load_workload(
+            trace=trace,
+            trace_format=fmt,
+            member=member,
+            seed=s,
+            duration_s=duration_h * 3600,
+            load=load,
+            cluster_gpus=cluster.total_gpus,
+            skip_bad_rows=skip_bad_rows,
+            gpus_per_node=cluster.gpus_per_node,
+        )
+        seeded.append(Seeded(s, workload, run_options))
+    return seeded, cluster
 
 
 def _options(
@@ -229,6 +261,7 @@ def register(app: typer.Typer) -> None:
             ),
         ] = "tide," + ",".join(BASELINE_NAMES),
         seed: SeedOpt = 0,
+        seeds: SeedsOpt = None,
         duration_h: DurationOpt = DEFAULT_DURATION_H,
         load: LoadOpt = DEFAULT_LOAD,
         horizon_h: HorizonOpt = None,
@@ -241,16 +274,24 @@ def register(app: typer.Typer) -> None:
         json_path: JsonOpt = None,
     ) -> None:
         """Replay a workload through tide's engine and the baselines; compare them."""
+        chosen = _seeds(seed, seeds)
         try:
-            workload, cluster = _setup(
+            seeded, cluster = _seeded_setup(
                 trace=trace,
                 fmt=fmt,
                 member=member,
                 cluster_file=cluster_file,
-                seed=seed,
+                seeds=chosen,
                 duration_h=duration_h,
                 load=load,
                 skip_bad_rows=skip_bad_rows,
+                options=lambda s: _options(
+                    seed=s,
+                    horizon_h=horizon_h,
+                    mtbf_h=node_mtbf_h,
+                    outage_h=outage_h,
+                    quiet_s=quiet_s,
+                ),
             )
             policy = load_policy(policy_file) if policy_file else default_policy_for(cluster)
             _warn_policy(policy, cluster)
@@ -259,23 +300,15 @@ def register(app: typer.Typer) -> None:
                 if name != "tide" and name not in BASELINE_NAMES:
                     raise SimulationError(f"--policies: unknown policy {name!r}")
                 runs.append(PolicyRun(name, name, policy if name == "tide" else None))
-            options = _options(
-                seed=seed,
-                horizon_h=horizon_h,
-                mtbf_h=node_mtbf_h,
-                outage_h=outage_h,
-                quiet_s=quiet_s,
-            )
-            _long_trace_tip(workload, quiet_s)
+            _long_trace_tip(seeded[0].workload, quiet_s)
             run_comparison(
                 console=console,
                 runs=runs,
-                workload=workload,
+                seeded=seeded,
                 cluster=cluster,
-                options=options,
                 out_dir=out,
                 json_path=json_path,
-                workers=_workers(workers, len(runs)),
+                workers=_workers(workers, len(runs) * len(seeded)),
             )
         except (SimulationError, TideError) as e:
             console.print(f"[red]error:[/red] {e}")
@@ -289,6 +322,7 @@ def register(app: typer.Typer) -> None:
         member: MemberOpt = "cluster04.csv",
         cluster_file: ClusterOpt = None,
         seed: SeedOpt = 0,
+        seeds: SeedsOpt = None,
         duration_h: DurationOpt = DEFAULT_DURATION_H,
         load: LoadOpt = DEFAULT_LOAD,
         horizon_h: HorizonOpt = None,
@@ -299,35 +333,35 @@ def register(app: typer.Typer) -> None:
         json_path: JsonOpt = None,
     ) -> None:
         """Run several tide policy files side by side on the same workload."""
+        chosen = _seeds(seed, seeds)
         try:
-            workload, cluster = _setup(
+            seeded, cluster = _seeded_setup(
                 trace=trace,
                 fmt=fmt,
                 member=member,
                 cluster_file=cluster_file,
-                seed=seed,
+                seeds=chosen,
                 duration_h=duration_h,
                 load=load,
                 skip_bad_rows=skip_bad_rows,
+                options=lambda s: _options(
+                    seed=s, horizon_h=horizon_h, mtbf_h=None, outage_h=None, quiet_s=quiet_s
+                ),
             )
             runs = []
             for path in policy_files:
                 policy = load_policy(path)
                 _warn_policy(policy, cluster)
                 runs.append(PolicyRun(f"{path.stem}", "tide", policy))
-            options = _options(
-                seed=seed, horizon_h=horizon_h, mtbf_h=None, outage_h=None, quiet_s=quiet_s
-            )
-            _long_trace_tip(workload, quiet_s)
+            _long_trace_tip(seeded[0].workload, quiet_s)
             run_comparison(
                 console=console,
                 runs=runs,
-                workload=workload,
+                seeded=seeded,
                 cluster=cluster,
-                options=options,
                 out_dir=out,
                 json_path=json_path,
-                workers=_workers(workers, len(runs)),
+                workers=_workers(workers, len(runs) * len(seeded)),
             )
         except (SimulationError, TideError) as e:
             console.print(f"[red]error:[/red] {e}")

@@ -351,3 +351,53 @@ def test_compare_takes_the_quiet_interval(tmp_path: Path) -> None:
     refused = runner.invoke(app, [*args, "--quiet-interval", "0"])
     assert refused.exit_code == 2
     assert "must be a finite number of seconds > 0" in " ".join(refused.output.split())
+
+
+def test_simulate_over_seeds_reports_each_seed_and_their_medians(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["simulate", "--policies", "tide,static", "--duration", "3", "--out", str(out)]
+    result = runner.invoke(app, [*args, "--seeds", "0,2"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "seeds 0,2" in text
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["meta"]["seeds"] == [0, 2]
+    got = [(s["policy"], s["seed"]) for s in doc["summaries"]]
+    assert got == [("tide", 0), ("static", 0), ("tide", 2), ("static", 2)]
+    with (out / "jobs.csv").open(newline="") as f:
+        seeds = {(r["policy"], r["seed"]) for r in csv.DictReader(f)}
+    assert seeds == {("tide", "0"), ("static", "0"), ("tide", "2"), ("static", "2")}
+    # Each seed is the run --seed would give.
+    for seed in (0, 2):
+        single = runner.invoke(
+            app, [*args, "--seed", str(seed), "--json", str(tmp_path / "1.json")]
+        )
+        assert single.exit_code == 0, single.output
+        one = json.loads((tmp_path / "1.json").read_text())["summaries"]
+        mine = [s for s in doc["summaries"] if s["seed"] == seed]
+        for a, b in zip(one, mine, strict=True):
+            assert {k: v for k, v in a.items() if k != "wall_s"} == {
+                k: v for k, v in b.items() if k != "wall_s"
+            }
+    ratios = [s["avg_jct_h"] for s in doc["summaries"]]
+    per_seed = f"{ratios[0] / ratios[1]:.2f} {ratios[2] / ratios[3]:.2f}"
+    assert "tide ÷ static, average JCT: median" in text and f"(per seed: {per_seed})" in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--seed", "3", "--seeds", "0,1"], "give --seed or --seeds, not both"),
+        (["--seeds", "0,1,0"], "seed 0 is given twice"),
+        (["--seeds", "0,x"], "'x' is not a non-negative integer"),
+    ],
+    ids=["both", "twice", "not-a-number"],
+)
+def test_bad_seeds_are_refused_before_anything_runs(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["simulate", "--out", str(out), *flags])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+    assert not out.exists()
