@@ -209,7 +209,7 @@ def run_comparison(
         processes = f" in {min(workers, len(cases))} processes" if parallel else ""
         what = f"{len(runs)} policies" + (f" x {len(seeded)} seeds" if len(seeded) > 1 else "")
         task = progress.add_task(
-            f"simulating {what} on {first.workload.name}{processes}", total=len(cases)
+            f"simulating {what} on {_name(seeded)}{processes}", total=len(cases)
         )
         # One bar per policy, over all seeds (a long trace takes minutes per run): in jobs
         # finished, or in simulated hours when runs stop at a horizon (most jobs would never
@@ -278,6 +278,12 @@ def run_comparison(
     return summaries
 
 
+def _name(seeded: Sequence[Seeded]) -> str:
+    """The workloads' name: one name, or the first and last seed's when they differ."""
+    names = [one.workload.name for one in seeded]
+    return names[0] if len(set(names)) == 1 else f"{names[0]} … {names[-1]}"
+
+
 def _print_one(
     console: Console,
     summaries: Sequence[Summary],
@@ -321,15 +327,13 @@ def _print_seeds(
     *,
     reference: str,
 ) -> None:
-    names = [one.workload.name for one in seeded]
-    name = names[0] if len(set(names)) == 1 else f"{names[0]} … {names[-1]}"
     counts = sorted({len(one.workload.jobs) for one in seeded})
     jobs = f"{counts[0]} jobs" if len(counts) == 1 else f"{counts[0]}–{counts[-1]} jobs"
     seed_list = ",".join(str(one.seed) for one in seeded)
     console.print(
         seeds_table(
             summaries,
-            title=f"{name} on {cluster.name} ({cluster.total_gpus} GPUs, {jobs}), "
+            title=f"{_name(seeded)} on {cluster.name} ({cluster.total_gpus} GPUs, {jobs}), "
             f"seeds {seed_list}",
         )
     )
