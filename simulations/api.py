@@ -27,6 +27,9 @@ SHARED_TRACES = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces"
 
 TRACE_FORMATS = ("auto", "tide", "pollux", "philly", "itp")
 
+SEEDED_FORMATS = ("philly", "itp")
+"""Trace formats whose jobs get their elasticity and job type from the seed."""
+
 
 def default_policy_for(cluster: ClusterSpec) -> ElasticPolicy:
     """tide's default policy for a cluster: scale its elastic queues, borrowing idle GPUs."""

@@ -19,7 +19,14 @@ from rich.table import Table
 from scheduler_policy.errors import TideError
 from scheduler_policy.policy import ElasticPolicy
 from scheduler_policy.policy_file import load_policy
-from simulations.api import PolicyRun, default_policy_for, load_workload, policy_queue_warnings
+from simulations.api import (
+    SEEDED_FORMATS,
+    PolicyRun,
+    default_policy_for,
+    detect_format,
+    load_workload,
+    policy_queue_warnings,
+)
 from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
 from simulations.compare import Seeded, run_comparison
 from simulations.compare import fmt as format_number
@@ -377,7 +384,12 @@ def register(app: typer.Typer) -> None:
             ),
         ] = None,
         seeds: Annotated[
-            str, typer.Option("--seeds", help="Built-in workload seeds, e.g. 0,1,2.")
+            str,
+            typer.Option(
+                "--seeds",
+                help="Workload seeds, e.g. 0,1,2: the built-in workload's draws, or which jobs "
+                "of a Philly or ITP trace are elastic (other traces do not depend on it).",
+            ),
         ] = "0",
         fmt: FormatOpt = "auto",
         member: MemberOpt = "cluster04.csv",
@@ -396,15 +408,24 @@ def register(app: typer.Typer) -> None:
             cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
             base = load_policy(policy_file) if policy_file else default_policy_for(cluster)
             _warn_policy(base, cluster)
+            chosen = _seed_list(seeds)
             if traces:
+                # Philly and ITP traces give each job an elasticity and a job type by seed;
+                # the others are the same whatever the seed, so they run once.
                 workloads = [
                     load_workload(
                         trace=t,
                         trace_format=fmt,
                         member=member,
+                        seed=s,
                         gpus_per_node=cluster.gpus_per_node,
                     )
                     for t in traces
+                    for s in (
+                        chosen
+                        if (detect_format(t) if fmt == "auto" else fmt) in SEEDED_FORMATS
+                        else chosen[:1]
+                    )
                 ]
             else:
                 workloads = [
@@ -414,7 +435,7 @@ def register(app: typer.Typer) -> None:
                         load=load,
                         cluster_gpus=cluster.total_gpus,
                     )
-                    for s in _seed_list(seeds)
+                    for s in chosen
                 ]
             if space.method == "random" and distinct_sets(space) < space.trials:
                 console.print(

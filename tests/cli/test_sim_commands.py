@@ -401,3 +401,34 @@ def test_bad_seeds_are_refused_before_anything_runs(
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("header", "row", "expected"),
+    [
+        ("timestamp,duration,num_gpus,gpu_time,cluster", "2017-10-09 07:01:55,600.0,2,1200.0,c", 3),
+        ("job_id,submit_s,replicas,duration_s", "a,0,2,600", 1),
+    ],
+    ids=["philly-one-workload-per-seed", "tide-trace-once"],
+)
+def test_tune_seeds_draw_a_philly_trace_once_per_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, header: str, row: str, expected: int
+) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(f"{header}\n{row}\n")
+    space = tmp_path / "space.yaml"
+    space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [60]\n")
+    seen: list[int] = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_tune(**kwargs: object) -> None:
+        seen.append(len(kwargs["workloads"]))  # type: ignore[arg-type]
+        raise Stop
+
+    monkeypatch.setattr(sim_commands, "tune", fake_tune)
+    args = ["tune", str(space), "--trace", str(trace), "--seeds", "0,1,2"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "o")])
+    assert isinstance(result.exception, Stop)
+    assert seen == [expected]
