@@ -114,11 +114,11 @@ def seeds_table(summaries: Sequence[Summary], *, title: str) -> Table:
         ),
     )
     for policy, rows in _by_policy(summaries).items():
-        avg = [r.avg_jct_h for r in rows]
+        avg = [r.avg_jct_h for r in rows if not math.isnan(r.avg_jct_h)]
         table.add_row(
             policy,
             fmt(_median(avg)),
-            f"{fmt(min(avg))}–{fmt(max(avg))}",
+            f"{fmt(min(avg))}–{fmt(max(avg))}" if avg else "-",
             fmt(_median([r.p95_jct_h for r in rows])),
             fmt(_median([r.p95_queue_nonelastic_h for r in rows])),
             fmt(_median([r.useful_utilization for r in rows])),
@@ -152,7 +152,8 @@ def ratio_lines(summaries: Sequence[Summary], seeds: Sequence[int], *, reference
         ratios = [
             mine[seed] / s.avg_jct_h
             for s, seed in zip(summaries, seeds, strict=True)
-            if s.policy == policy and seed in mine and s.avg_jct_h > 0
+            # No finished job under either policy (NaN): no ratio for that seed.
+            if s.policy == policy and seed in mine and s.avg_jct_h > 0 and mine[seed] >= 0
         ]
         if not ratios:
             continue

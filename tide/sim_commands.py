@@ -302,10 +302,12 @@ def register(app: typer.Typer) -> None:
             )
             policy = load_policy(policy_file) if policy_file else default_policy_for(cluster)
             _warn_policy(policy, cluster)
-            runs = []
+            runs: list[PolicyRun] = []
             for name in [p.strip() for p in policies.split(",") if p.strip()]:
                 if name != "tide" and name not in BASELINE_NAMES:
                     raise SimulationError(f"--policies: unknown policy {name!r}")
+                if any(run.label == name for run in runs):
+                    raise SimulationError(f"--policies: {name} is given twice")
                 runs.append(PolicyRun(name, name, policy if name == "tide" else None))
             _long_trace_tip(seeded[0].workload, quiet_s)
             run_comparison(
@@ -355,11 +357,16 @@ def register(app: typer.Typer) -> None:
                     seed=s, horizon_h=horizon_h, mtbf_h=None, outage_h=None, quiet_s=quiet_s
                 ),
             )
-            runs = []
+            runs: list[PolicyRun] = []
+            stems = [path.stem for path in policy_files]
             for path in policy_files:
                 policy = load_policy(path)
                 _warn_policy(policy, cluster)
-                runs.append(PolicyRun(f"{path.stem}", "tide", policy))
+                # Two files of one name (in different folders) are told apart by their paths.
+                label = path.stem if stems.count(path.stem) == 1 else str(path)
+                if any(run.label == label for run in runs):
+                    raise SimulationError(f"{path}: given twice")
+                runs.append(PolicyRun(label, "tide", policy))
             _long_trace_tip(seeded[0].workload, quiet_s)
             run_comparison(
                 console=console,

@@ -432,3 +432,27 @@ def test_tune_seeds_draw_a_philly_trace_once_per_seed(
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "o")])
     assert isinstance(result.exception, Stop)
     assert seen == [expected]
+
+
+def test_compare_tells_apart_two_files_of_one_name(tmp_path: Path) -> None:
+    for folder, interval in (("a", "60s"), ("b", "120s")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "p.yaml").write_text(POLICY % ("p", interval))
+    first, second = tmp_path / "a" / "p.yaml", tmp_path / "b" / "p.yaml"
+    out = tmp_path / "out"
+    args = ["compare", str(first), str(second), "--duration", "2", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "report.json").read_text())
+    assert [s["policy"] for s in doc["summaries"]] == [str(first), str(second)]
+    again = runner.invoke(app, ["compare", str(first), str(first), "--out", str(out)])
+    assert again.exit_code == 1
+    assert "given twice" in again.output
+
+
+def test_simulate_refuses_a_policy_given_twice(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app, ["simulate", "--policies", "tide,static,tide", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 1
+    assert "--policies: tide is given twice" in result.output
