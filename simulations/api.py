@@ -212,16 +212,6 @@ def run_one(
         raise SimulationError(str(e)) from e
 
 
-def _run_one(
-    run: PolicyRun,
-    workload: Workload,
-    cluster: ClusterSpec,
-    options: RunOptions,
-    progress: Progress | None = None,
-) -> SimResult:
-    return run_one(run, workload=workload, cluster=cluster, options=options, progress=progress)
-
-
 @dataclass(frozen=True, slots=True)
 class Case:
     """One simulation to run: a policy on a workload, with its run options."""
@@ -229,6 +219,13 @@ class Case:
     run: PolicyRun
     workload: Workload
     options: RunOptions
+
+
+def _run_case(case: Case, cluster: ClusterSpec, progress: Progress | None = None) -> SimResult:
+    """``run_one`` on a case, with positional arguments as a worker process is called with."""
+    return run_one(
+        case.run, workload=case.workload, cluster=cluster, options=case.options, progress=progress
+    )
 
 
 def run_cases(
@@ -278,19 +275,17 @@ def run_cases(
         return [
             done(
                 i,
-                run_one(
-                    case.run,
-                    workload=case.workload,
-                    cluster=cluster,
-                    options=case.options,
+                _run_case(
+                    case,
+                    cluster,
                     progress=None if on_progress is None else functools.partial(on_progress, i),
                 ),
             )
             for i, case in enumerate(cases)
         ]
     results: dict[int, SimResult] = {}
-    calls = [(case.run, case.workload, cluster, case.options) for case in cases]
-    for i, result in results_as_done(_run_one, calls, workers=workers, on_progress=on_progress):
+    calls = [(case, cluster) for case in cases]
+    for i, result in results_as_done(_run_case, calls, workers=workers, on_progress=on_progress):
         results[i] = done(i, result)
     return [results[i] for i in range(len(cases))]
 

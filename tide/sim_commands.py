@@ -226,6 +226,13 @@ def _options(
     )
 
 
+def _trace_seeds(trace: Path, fmt: str, seeds: list[int]) -> list[int]:
+    """The seeds a trace is worth loading with: Philly and ITP traces give each job an
+    elasticity and a job type by seed; the others are the same whatever the seed (one load)."""
+    detected = detect_format(trace) if fmt == "auto" else fmt
+    return seeds if detected in SEEDED_FORMATS else seeds[:1]
+
+
 LONG_TRACE_DAYS = 7.0
 """Arrivals spanning more days than this get the ``--quiet-interval`` tip."""
 
@@ -417,8 +424,6 @@ def register(app: typer.Typer) -> None:
             _warn_policy(base, cluster)
             chosen = _seed_list(seeds)
             if traces:
-                # Philly and ITP traces give each job an elasticity and a job type by seed;
-                # the others are the same whatever the seed, so they run once.
                 workloads = [
                     load_workload(
                         trace=t,
@@ -428,11 +433,7 @@ def register(app: typer.Typer) -> None:
                         gpus_per_node=cluster.gpus_per_node,
                     )
                     for t in traces
-                    for s in (
-                        chosen
-                        if (detect_format(t) if fmt == "auto" else fmt) in SEEDED_FORMATS
-                        else chosen[:1]
-                    )
+                    for s in _trace_seeds(t, fmt, chosen)
                 ]
             else:
                 workloads = [

@@ -80,6 +80,11 @@ def _cases():
     # Cases hypothesis found where a second reconcile on the same cluster wrote again. Jobs
     # with sizes=() are still on the prior's curve (rate-limited, never traded away).
     unmeasured = {"sizes": (), "min_replicas": 0}
+    # 18 GPUs of non-elastic work in queue "c", for the trade cases.
+    fixed = make_job(
+        "fixed", queue="c", gpus_per_replica=2, min_replicas=0, max_replicas=0, current=9,
+        elastic=False,
+    )  # fmt: skip
     yield pytest.param(
         # Two borrowing queues give back whole 2-GPU replicas for "a" (6) and "c" (1): what
         # "c" gives back counts as idle for "b" in the same round, not the next.
@@ -164,15 +169,7 @@ def _cases():
         # "y" gives a 2-GPU replica to "x"'s waiting 0.5-GPU one; "x" may grow into the 1.5
         # GPUs of budget the trade leaves in the same round, as it would in the next.
         make_observation(
-            make_job(
-                "fixed",
-                queue="c",
-                gpus_per_replica=2,
-                min_replicas=0,
-                max_replicas=0,
-                current=9,
-                elastic=False,
-            ),
+            fixed,
             make_job(
                 "y",
                 queue="c",
@@ -204,15 +201,7 @@ def _cases():
         # in the budget, and "x" keeps its place only through a trade that cannot happen, so
         # "z" grows then. A known gap: the trade would have to know its giver is held back.
         make_observation(
-            make_job(
-                "fixed",
-                queue="c",
-                gpus_per_replica=2,
-                min_replicas=0,
-                max_replicas=0,
-                current=9,
-                elastic=False,
-            ),
+            fixed,
             make_job(
                 "y",
                 queue="c",
