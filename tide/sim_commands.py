@@ -111,10 +111,11 @@ QuietOpt = Annotated[
 
 
 def _seed_list(text: str) -> list[int]:
-    """``--seeds`` as integers: comma-separated, each >= 0.
+    """``--seeds`` as integers: comma-separated, each >= 0, none twice.
 
     Raises:
-        typer.BadParameter: an entry that is not a non-negative integer, named.
+        typer.BadParameter: an entry that is not a non-negative integer, or a seed given twice,
+            named.
     """
     seeds = []
     for item in text.split(","):
@@ -128,6 +129,9 @@ def _seed_list(text: str) -> list[int]:
                 param_hint="--seeds",
             )
         seeds.append(seed)
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        raise typer.BadParameter(f"seed {twice[0]} is given twice", param_hint="--seeds")
     return seeds
 
 
@@ -141,11 +145,7 @@ def _seeds(seed: int, seeds: str | None) -> list[int]:
         return [seed]
     if seed != 0:
         raise typer.BadParameter("give --seed or --seeds, not both", param_hint="--seeds")
-    chosen = _seed_list(seeds)
-    twice = sorted({s for s in chosen if chosen.count(s) > 1})
-    if twice:
-        raise typer.BadParameter(f"seed {twice[0]} is given twice", param_hint="--seeds")
-    return chosen
+    return _seed_list(seeds)
 
 
 def _workers(asked: int | None, runs: int) -> int:
@@ -424,6 +424,10 @@ def register(app: typer.Typer) -> None:
             _warn_policy(base, cluster)
             chosen = _seed_list(seeds)
             if traces:
+                resolved = [t.resolve() for t in traces]
+                for t, r in zip(traces, resolved, strict=True):
+                    if resolved.count(r) > 1:
+                        raise SimulationError(f"--trace: {t} is given twice")
                 workloads = [
                     load_workload(
                         trace=t,

@@ -184,6 +184,23 @@ def test_tune_names_a_seed_that_is_not_a_non_negative_integer(tmp_path: Path) ->
     assert not (tmp_path / "trials.csv").exists()
 
 
+def test_tune_refuses_a_seed_or_a_trace_given_twice(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("parameters:\n  defaults.cooldown_s: [60, 600]\n")
+    result = runner.invoke(app, ["tune", str(space), "--seeds", "0,1,0", "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "seed 0 is given twice" in result.output
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_s,replicas,duration_s\na,0,2,600\n")
+    again = [str(trace), str(tmp_path / "." / "t.csv")]  # one file, two spellings
+    args = ["tune", str(space), "--trace", again[0], "--trace", again[1], "--out", str(tmp_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert "--trace:" in text and "is given twice" in text
+    assert not (tmp_path / "trials.csv").exists()
+
+
 def test_simulate_refuses_a_negative_seed(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", "--seed", "-1", "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "--seed" in result.output
