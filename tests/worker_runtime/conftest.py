@@ -32,12 +32,18 @@ def free_port() -> int:
 
 
 def read_events(log_dir: Path) -> list[dict[str, Any]]:
-    """Every event the workers logged, in file order per worker process."""
+    """Every event the workers logged, in the order they were logged (by their ``time_s``).
+
+    Not in the order of the files' names: those hold pids, which wrap (at 32,768 here) and
+    change length, so a restarted worker's file can sort before its predecessor's.
+    """
     events: list[dict[str, Any]] = []
-    for path in sorted(log_dir.glob("events-*.jsonl")):
+    for path in log_dir.glob("events-*.jsonl"):
         for line in path.read_text().splitlines():
             if line.strip():
                 events.append(json.loads(line))
+    # Stable: a process's own events keep their file order even where two times are equal.
+    events.sort(key=lambda e: float(e["time_s"]))
     return events
 
 
