@@ -10,7 +10,10 @@ A search space (YAML) names the parameters and their values::
       interval_s: [30, 60, 120]
       defaults.cooldown_s: [60, 300, 600]
       defaults.tolerance: {min: 0.01, max: 0.2}   # random: uniform; grid: not allowed
+      queues.research.headroom.gpus: [0, 2, 4]     # a queue of the base policy
 
+Every value must be one the policy file accepts (``check_values``), so that every trial runs a
+policy tide could write, and the best one is written as a file that reads back to it.
 Trials are appended to ``trials.csv`` as they finish, so an interrupted search keeps them.
 """
 
@@ -29,8 +32,11 @@ from typing import Any
 import numpy as np
 import yaml
 
+from scheduler_policy.errors import PolicyError
 from scheduler_policy.fields import yaml_problem
-from scheduler_policy.policy import Defaults, ElasticPolicy
+from scheduler_policy.model import QueueName
+from scheduler_policy.policy import Defaults, ElasticPolicy, QueuePolicy
+from scheduler_policy.policy_file import parse_policy
 from simulations.api import PolicyRun, run_one
 from simulations.cluster_config import ClusterSpec
 from simulations.errors import SearchSpaceError
@@ -48,6 +54,30 @@ _TOP = {f.name for f in dataclasses.fields(ElasticPolicy)} - {
 }
 _DEFAULTS = {f.name for f in dataclasses.fields(Defaults)}
 _INTS = {"max_step_up", "max_step_down"}
+# A queue's numeric fields, as ``queues.<queue>.<field>``: the queue is any the base policy has.
+_QUEUE_FIELDS = (
+    "headroom.gpus",
+    "headroom.forecast_quantile",
+    "headroom.horizon_s",
+    "max_elastic_gpus",
+)
+
+
+def _queue_param(name: str) -> tuple[str, str] | None:
+    """``(queue, field)`` of a ``queues.<queue>.<field>`` parameter; None for other names."""
+    if not name.startswith("queues."):
+        return None
+    rest = name.removeprefix("queues.")
+    for field in _QUEUE_FIELDS:
+        if rest.endswith(f".{field}") and len(rest) > len(field) + 1:
+            return rest[: -len(field) - 1], field
+    return None
+
+
+def _is_param(name: str) -> bool:
+    if name.startswith("defaults."):
+        return name.removeprefix("defaults.") in _DEFAULTS
+    return name in _TOP or _queue_param(name) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +91,7 @@ class SearchSpace:
         objective: the Summary field to minimize (averaged over workloads).
         choices: per parameter, a list of values.
         ranges: per parameter, ``(low, high)`` for uniform random draws.
+        source: the file it was read from, named in errors.
     """
 
     method: str
@@ -69,6 +100,7 @@ class SearchSpace:
     objective: str
     choices: Mapping[str, tuple[float, ...]]
     ranges: Mapping[str, tuple[float, float]]
+    source: str = "search space"
 
 
 def load_search_space(path: Path) -> SearchSpace:
@@ -94,17 +126,30 @@ def load_search_space(path: Path) -> SearchSpace:
     choices: dict[str, tuple[float, ...]] = {}
     ranges: dict[str, tuple[float, float]] = {}
     for name, spec in data["parameters"].items():
-        field = name.removeprefix("defaults.")
-        if (name.startswith("defaults.") and field not in _DEFAULTS) or (
-            not name.startswith("defaults.") and name not in _TOP
-        ):
-            known = sorted([*_TOP, *(f"defaults.{d}" for d in _DEFAULTS)])
-            close = difflib.get_close_matches(name, known, n=1)
+        if not isinstance(name, str) or not _is_param(name):
+            parts = str(name).split(".")
+            queue = parts[1] if parts[0] == "queues" and len(parts) > 2 else "QUEUE"
+            known = sorted(
+                [*_TOP, *(f"defaults.{d}" for d in _DEFAULTS)]
+                + [f"queues.{queue}.{f}" for f in _QUEUE_FIELDS]
+            )
+            close = difflib.get_close_matches(str(name), known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; one of {', '.join(known)}"
             raise SearchSpaceError(f"{path}: parameters.{name}: not a policy parameter{hint}")
-        if isinstance(spec, list) and spec and all(isinstance(v, int | float) for v in spec):
+        numbers = list(spec.values()) if isinstance(spec, dict) else spec
+        if not isinstance(numbers, list):
+            numbers = []
+        bad = [v for v in numbers if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            raise SearchSpaceError(f"{path}: parameters.{name}: {bad[0]} is not a finite number")
+        if isinstance(spec, list) and spec and all(_is_number(v) for v in spec):
             choices[name] = tuple(float(v) for v in spec)
-        elif isinstance(spec, dict) and set(spec) == {"min", "max"} and method == "random":
+        elif (
+            isinstance(spec, dict)
+            and set(spec) == {"min", "max"}
+            and method == "random"
+            and all(_is_number(v) for v in spec.values())
+        ):
             low, high = float(spec["min"]), float(spec["max"])
             if not low <= high:
                 raise SearchSpaceError(f"{path}: parameters.{name}: min {low} > max {high}")
@@ -116,7 +161,44 @@ def load_search_space(path: Path) -> SearchSpace:
                 + f", got {spec!r}"
             )
     trials = int(data.get("trials", 20))
-    return SearchSpace(method, trials, int(data.get("seed", 0)), objective, choices, ranges)
+    return SearchSpace(
+        method, trials, int(data.get("seed", 0)), objective, choices, ranges, source=str(path)
+    )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def check_values(space: SearchSpace, base_policy: ElasticPolicy) -> None:
+    """Refuse, before any trial runs, a value the policy file would refuse.
+
+    Each value of each parameter (both ends of a range) is set alone on ``base_policy``, written
+    as a policy file (``policy_yaml``) and read back (``parse_policy``): a trial then runs a
+    policy tide can write, and best-policy.yaml is one that ``tide validate`` accepts. (No
+    policy field limits another, so values that pass one at a time pass together.)
+
+    Raises:
+        SearchSpaceError: naming the file, the parameter, its value and what is wrong, or a
+            ``queues.<queue>.`` parameter whose queue the base policy lacks.
+    """
+    queues = [q.name for q in base_policy.queues]
+    for name, values in [*space.choices.items(), *space.ranges.items()]:
+        queue = _queue_param(name)
+        if queue is not None and queue[0] not in queues:
+            raise SearchSpaceError(
+                f"{space.source}: parameters.{name}: policy {base_policy.name} has no queue "
+                f"{queue[0]!r} (it has {', '.join(queues) or 'none'})"
+            )
+        for value in sorted(set(values)):
+            text = policy_yaml(apply_params(base_policy, {name: value}))
+            try:
+                parse_policy(yaml.safe_load(text), source=name)
+            except PolicyError as e:
+                raise SearchSpaceError(
+                    f"{space.source}: parameters.{name}: {value:g} is refused: "
+                    + "; ".join(e.problems)
+                ) from e
 
 
 def distinct_sets(space: SearchSpace) -> float:
@@ -156,15 +238,36 @@ def candidates(space: SearchSpace) -> list[dict[str, float]]:
 
 
 def apply_params(policy: ElasticPolicy, params: Mapping[str, float]) -> ElasticPolicy:
-    """``policy`` with ``params`` (``interval_s``, ``defaults.cooldown_s``, ...) set."""
+    """``policy`` with ``params`` (``interval_s``, ``defaults.cooldown_s``,
+    ``queues.<queue>.headroom.gpus``, ...) set."""
     top: dict[str, Any] = {}
     defaults: dict[str, Any] = {}
+    per_queue: dict[QueueName, dict[str, float]] = {}
     for name, value in params.items():
+        queue = _queue_param(name)
+        if queue is not None:
+            per_queue.setdefault(QueueName(queue[0]), {})[queue[1]] = value
+            continue
         field = name.removeprefix("defaults.")
         cast: Any = round(value) if field in _INTS else value
         (defaults if name.startswith("defaults.") else top)[field] = cast
+    queues = tuple(_queue_with(q, per_queue.get(q.name, {})) for q in policy.queues)
     return dataclasses.replace(
-        policy, defaults=dataclasses.replace(policy.defaults, **defaults), **top
+        policy, defaults=dataclasses.replace(policy.defaults, **defaults), queues=queues, **top
+    )
+
+
+def _queue_with(queue: QueuePolicy, fields: Mapping[str, float]) -> QueuePolicy:
+    """``queue`` with ``fields`` (``headroom.gpus``, ``max_elastic_gpus``, ...) set."""
+    if not fields:
+        return queue
+    headroom = {
+        f.removeprefix("headroom."): v for f, v in fields.items() if f != "max_elastic_gpus"
+    }
+    return dataclasses.replace(
+        queue,
+        headroom=dataclasses.replace(queue.headroom, **headroom),
+        max_elastic_gpus=fields.get("max_elastic_gpus", queue.max_elastic_gpus),
     )
 
 
@@ -213,11 +316,15 @@ def tune(
 
     Returns:
         The best policy and every finished trial.
+
+    Raises:
+        SearchSpaceError: a value the policy file would refuse (``check_values``); nothing runs.
     """
+    check_values(space, base_policy)
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = candidates(space)
     names = sorted({n for c in todo for n in c})
-    trials: list[tuple[dict[str, float], float]] = []
+    finished: list[tuple[int, float]] = []
     interrupted = False
     calls = [(apply_params(base_policy, p), workloads, cluster, options) for p in todo]
     with (out_dir / "trials.csv").open("w", newline="") as f:
@@ -228,13 +335,17 @@ def tune(
             for index, summaries in results_as_done(_trial, calls, workers=workers):
                 params = todo[index]
                 value = objective_of(summaries, space.objective)
-                trials.append((params, value))
+                finished.append((index, value))
                 writer.writerow([index, *(params.get(n, "") for n in names), value])
                 f.flush()
                 if on_trial is not None:
-                    on_trial(len(trials), len(todo))
+                    on_trial(len(finished), len(todo))
         except KeyboardInterrupt:
             interrupted = True  # the workers are already stopped; the finished trials count
+    # In planned order, not the order the workers finished in: a tie then goes to the trial
+    # planned first, whatever the timing.
+    finished.sort()
+    trials = [(todo[index], value) for index, value in finished]
     best = min(trials, key=lambda t: t[1])[0] if trials else {}
     return TuneResult(apply_params(base_policy, best), trials, len(todo), interrupted)
 
@@ -246,7 +357,8 @@ class TuneResult:
     Attributes:
         best: the base policy with the best finished trial's parameters (the base policy
             itself when no trial finished).
-        trials: every finished trial, ``(params, objective)``, in the order they finished.
+        trials: every finished trial, ``(params, objective)``, in the order they were planned
+            (``candidates``); of trials with equal objectives, the first is ``best``.
         planned: how many trials were to run.
         interrupted: whether an interrupt stopped the search before every trial finished.
     """
@@ -257,21 +369,30 @@ class TuneResult:
     interrupted: bool = False
 
 
+def _seconds(value: float) -> str:
+    """A duration field: every digit of ``value`` seconds and never an exponent, so that the
+    file reads back as the policy that ran (``{:g}`` wrote 1234567 s as ``1.23457e+06s``)."""
+    return f"{np.format_float_positional(value, trim='-')}s"
+
+
 def policy_yaml(policy: ElasticPolicy) -> str:
-    """``policy`` as an ElasticPolicy file ``load_policy`` reads back."""
+    """``policy`` as an ElasticPolicy file that ``load_policy`` reads back as ``policy``."""
     d = policy.defaults
     spec: dict[str, Any] = {
-        "interval": f"{policy.interval_s:g}s",
-        "modelRefitInterval": f"{policy.model_refit_s:g}s",
+        "interval": _seconds(policy.interval_s),
+        "modelRefitInterval": _seconds(policy.model_refit_s),
         "objective": policy.objective.value,
         "defaults": {
             "tolerance": d.tolerance,
-            "restartCost": f"{d.restart_cost_s:g}s",
-            "cooldown": f"{d.cooldown_s:g}s",
+            "restartCost": _seconds(d.restart_cost_s),
+            "cooldown": _seconds(d.cooldown_s),
             "maxStepUp": d.max_step_up,
             "maxStepDown": d.max_step_down,
-            "stabilizationWindow": {"up": f"{d.window_up_s:g}s", "down": f"{d.window_down_s:g}s"},
-            "assumedRemaining": f"{d.assumed_remaining_s:g}s",
+            "stabilizationWindow": {
+                "up": _seconds(d.window_up_s),
+                "down": _seconds(d.window_down_s),
+            },
+            "assumedRemaining": _seconds(d.assumed_remaining_s),
         },
         "queues": [
             {
@@ -285,7 +406,7 @@ def policy_yaml(policy: ElasticPolicy) -> str:
                         if q.headroom.forecast_quantile is not None
                         else {}
                     ),
-                    "horizon": f"{q.headroom.horizon_s:g}s",
+                    "horizon": _seconds(q.headroom.horizon_s),
                 },
                 **(
                     {"maxElasticGpus": q.max_elastic_gpus} if q.max_elastic_gpus is not None else {}

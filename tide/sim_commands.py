@@ -34,7 +34,7 @@ from simulations.controllers import BASELINE_NAMES
 from simulations.errors import SimulationError
 from simulations.faults import FaultOptions
 from simulations.run import RunOptions
-from simulations.tune import distinct_sets, load_search_space, policy_yaml, tune
+from simulations.tune import check_values, distinct_sets, load_search_space, policy_yaml, tune
 from simulations.workload import DEFAULT_DURATION_S, DEFAULT_LOAD, Workload
 
 DEFAULT_DURATION_H = DEFAULT_DURATION_S / 3600
@@ -422,6 +422,7 @@ def register(app: typer.Typer) -> None:
             cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
             base = load_policy(policy_file) if policy_file else default_policy_for(cluster)
             _warn_policy(base, cluster)
+            check_values(space, base)
             chosen = _seed_list(seeds)
             if traces:
                 resolved = [t.resolve() for t in traces]

@@ -167,6 +167,17 @@ def test_tune_bad_space_exits_1(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "defaults.cooldwn_s" in result.output
 
 
+def test_tune_refuses_a_value_the_policy_file_would_refuse_before_writing(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("method: grid\nparameters:\n  defaults.tolerance: [0.05, -1]\n")
+    out = tmp_path / "o"
+    result = runner.invoke(app, ["tune", str(space), "--out", str(out)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert "parameters.defaults.tolerance: -1 is refused: spec.defaults.tolerance: must be" in text
+    assert not out.exists()
+
+
 def test_simulate_refuses_a_load_that_is_not_positive(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", "--load", "0", "--out", str(tmp_path / "o")])
     assert result.exit_code == 1
@@ -229,7 +240,8 @@ def test_tune_table_names_every_parameter_whole_in_80_columns(tmp_path: Path) ->
     ]
     space = tmp_path / "space.yaml"
     space.write_text(
-        "method: random\ntrials: 2\nparameters:\n" + "".join(f"  {n}: [1, 2]\n" for n in names)
+        "method: random\ntrials: 2\nparameters:\n"
+        + "".join(f"  {n}: {'[0.1, 0.2]' if 'tolerance' in n else '[1, 2]'}\n" for n in names)
     )
     result = runner.invoke(app, ["tune", str(space), "--duration", "1", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output

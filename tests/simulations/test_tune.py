@@ -3,15 +3,33 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
+import re
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 import simulations.tune as tune_module
+from scheduler_policy.policy import Headroom
+from scheduler_policy.policy_file import parse_policy
 from simulations.api import default_policy_for, load_workload
 from simulations.cluster_config import BUILTIN_CLUSTER
+from simulations.errors import SearchSpaceError
 from simulations.run import RunOptions
-from simulations.tune import SearchSpace, candidates, distinct_sets, tune
+from simulations.tune import (
+    SearchSpace,
+    apply_params,
+    candidates,
+    distinct_sets,
+    load_search_space,
+    policy_yaml,
+    tune,
+)
 from tests.simulations.helpers import interrupt_after_first
 
 
@@ -70,3 +88,153 @@ def test_an_interrupt_keeps_the_finished_trials_and_their_best(
     assert len(rows) == len(result.trials)
     best_params, _ = min(result.trials, key=lambda t: t[1])
     assert result.best.defaults.cooldown_s == best_params["defaults.cooldown_s"]
+
+
+def test_of_equal_trials_the_first_planned_is_best_whatever_finishes_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def last_first(fn: object, calls: list[object], workers: int) -> Iterator[tuple[int, list]]:
+        for index in reversed(range(len(calls))):
+            yield index, [SimpleNamespace(avg_jct_h=1.0)]
+
+    monkeypatch.setattr(tune_module, "results_as_done", last_first)
+    grid = space(method="grid")
+    result = tune(
+        space=grid,
+        base_policy=default_policy_for(BUILTIN_CLUSTER),
+        workloads=[],
+        cluster=BUILTIN_CLUSTER,
+        options=RunOptions(),
+        out_dir=tmp_path,
+    )
+    planned = candidates(grid)
+    assert [params for params, _ in result.trials] == planned
+    assert result.best.defaults.cooldown_s == planned[0]["defaults.cooldown_s"]
+    assert result.best.defaults.max_step_up == planned[0]["defaults.max_step_up"]
+
+
+def _space_file(tmp_path: Path, text: str) -> SearchSpace:
+    path = tmp_path / "space.yaml"
+    path.write_text(text)
+    return load_search_space(path)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "expected"),
+    [
+        ("interval_s: [60, 0]", "parameters.interval_s: 0 is refused: spec.interval: must be"),
+        (
+            "defaults.tolerance: {min: 0.0, max: 1.5}",
+            "parameters.defaults.tolerance: 1.5 is refused: spec.defaults.tolerance: must be "
+            "at least 0 and less than 1",
+        ),
+        ("defaults.max_step_up: [0.4]", "parameters.defaults.max_step_up: 0.4 is refused"),
+        ("defaults.cooldown_s: [-5]", "parameters.defaults.cooldown_s: -5 is refused"),
+        (
+            "queues.research.headroom.forecast_quantile: [0.5, 1]",
+            "parameters.queues.research.headroom.forecast_quantile: 1 is refused: "
+            "spec.queues[0].headroom.forecastQuantile: must be between 0 and 1",
+        ),
+        (
+            "queues.gpu-pool.headroom.gpus: [1]",
+            "parameters.queues.gpu-pool.headroom.gpus: policy tide-default has no queue "
+            "'gpu-pool' (it has research, production)",
+        ),
+    ],
+)
+def test_a_value_the_policy_file_would_refuse_is_refused_before_any_trial(
+    tmp_path: Path, parameters: str, expected: str
+) -> None:
+    searched = _space_file(tmp_path, f"method: random\nparameters:\n  {parameters}\n")
+    with pytest.raises(SearchSpaceError) as refused:
+        tune(
+            space=searched,
+            base_policy=default_policy_for(BUILTIN_CLUSTER),
+            workloads=[load_workload(seed=0, duration_s=3600.0)],
+            cluster=BUILTIN_CLUSTER,
+            options=RunOptions(),
+            out_dir=tmp_path / "out",
+        )
+    assert str(refused.value).startswith(f"{tmp_path / 'space.yaml'}: {expected}")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("parameters", "expected"),
+    [
+        ("defaults.cooldown_s: [60, .nan]", "parameters.defaults.cooldown_s: nan is not a finite"),
+        ("defaults.cooldown_s: {min: 0, max: .inf}", "cooldown_s: inf is not a finite number"),
+        ("defaults.cooldown_s: [60, true]", "parameters.defaults.cooldown_s: need a list"),
+        ("queues.research.headroom.gpu: [1]", "did you mean 'queues.research.headroom.gpus'?"),
+    ],
+)
+def test_a_space_file_names_a_value_that_is_not_a_number(
+    tmp_path: Path, parameters: str, expected: str
+) -> None:
+    with pytest.raises(SearchSpaceError, match=re.escape(expected)):
+        _space_file(tmp_path, f"method: random\nparameters:\n  {parameters}\n")
+
+
+def test_queue_parameters_set_that_queue_and_nothing_else() -> None:
+    base = default_policy_for(BUILTIN_CLUSTER)
+    tuned = apply_params(
+        base,
+        {
+            "queues.research.headroom.gpus": 2.0,
+            "queues.research.headroom.forecast_quantile": 0.9,
+            "queues.research.max_elastic_gpus": 12.0,
+            "defaults.cooldown_s": 120.0,
+        },
+    )
+    research, production = tuned.queues
+    assert research.headroom == Headroom(gpus=2.0, forecast_quantile=0.9)
+    assert research.max_elastic_gpus == 12.0
+    assert production == base.queues[1]
+    assert tuned.defaults.cooldown_s == 120.0
+
+
+_SECONDS = st.floats(min_value=0.0, max_value=1e9, allow_nan=False)
+_POSITIVE_SECONDS = st.floats(min_value=1e-3, max_value=1e9, allow_nan=False)
+
+
+@given(
+    interval=_POSITIVE_SECONDS,
+    cooldown=_SECONDS,
+    window=_SECONDS,
+    remaining=_POSITIVE_SECONDS,
+    tolerance=st.floats(min_value=0.0, max_value=0.999),
+    headroom=st.floats(min_value=0.0, max_value=1e4),
+    quantile=st.none() | st.floats(min_value=0.01, max_value=0.99),
+    cap=st.none() | st.floats(min_value=0.0, max_value=1e4),
+)
+def test_the_written_policy_reads_back_as_the_policy_that_ran(
+    interval: float,
+    cooldown: float,
+    window: float,
+    remaining: float,
+    tolerance: float,
+    headroom: float,
+    quantile: float | None,
+    cap: float | None,
+) -> None:
+    base = default_policy_for(BUILTIN_CLUSTER)
+    policy = dataclasses.replace(
+        base,
+        interval_s=interval,
+        defaults=dataclasses.replace(
+            base.defaults,
+            cooldown_s=cooldown,
+            window_down_s=window,
+            assumed_remaining_s=remaining,
+            tolerance=tolerance,
+        ),
+        queues=(
+            dataclasses.replace(
+                base.queues[0],
+                headroom=Headroom(gpus=headroom, forecast_quantile=quantile, horizon_s=interval),
+                max_elastic_gpus=cap,
+            ),
+            *base.queues[1:],
+        ),
+    )
+    assert parse_policy(yaml.safe_load(policy_yaml(policy)), source="t") == policy
