@@ -11,6 +11,8 @@ A search space (YAML) names the parameters and their values::
       defaults.cooldown_s: [60, 300, 600]
       defaults.tolerance: {min: 0.01, max: 0.2}   # random: uniform; grid: not allowed
       queues.research.headroom.gpus: [0, 2, 4]     # a queue of the base policy
+    constraints:            # optional: the best trial must keep these figures within bounds
+      p95_queue_nonelastic_h: {max: 1.5}
 
 Every value must be one the policy file accepts (``check_values``), so that every trial runs a
 policy tide could write, and the best one is written as a file that reads back to it.
@@ -54,6 +56,11 @@ _TOP = {f.name for f in dataclasses.fields(ElasticPolicy)} - {
 }
 _DEFAULTS = {f.name for f in dataclasses.fields(Defaults)}
 _INTS = {"max_step_up", "max_step_down"}
+# Report figures a search may minimise or bound: the numbers of a run's Summary, but its wall
+# time (a figure of the machine, not of the policy).
+FIGURES = tuple(
+    f.name for f in dataclasses.fields(Summary) if f.type in ("float", "int") and f.name != "wall_s"
+)
 # A queue's numeric fields, as ``queues.<queue>.<field>``: the queue is any the base policy has.
 _QUEUE_FIELDS = (
     "headroom.gpus",
@@ -92,6 +99,8 @@ class SearchSpace:
         choices: per parameter, a list of values.
         ranges: per parameter, ``(low, high)`` for uniform random draws.
         source: the file it was read from, named in errors.
+        constraints: per report figure, ``(min, max)`` (either may be infinite) that the best
+            trial's figure (its mean over the workloads that have it) must keep within.
     """
 
     method: str
@@ -101,6 +110,7 @@ class SearchSpace:
     choices: Mapping[str, tuple[float, ...]]
     ranges: Mapping[str, tuple[float, float]]
     source: str = "search space"
+    constraints: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
 
 
 def load_search_space(path: Path) -> SearchSpace:
@@ -121,8 +131,9 @@ def load_search_space(path: Path) -> SearchSpace:
     if method not in ("grid", "random"):
         raise SearchSpaceError(f"{path}: method must be grid or random, got {method!r}")
     objective = data.get("objective", "avg_jct_h")
-    if objective not in Summary.__dataclass_fields__:
-        raise SearchSpaceError(f"{path}: objective {objective!r} is not a report figure")
+    if objective not in FIGURES:
+        raise SearchSpaceError(f"{path}: objective: {_not_a_figure(objective)}")
+    constraints = _load_constraints(data.get("constraints"), path)
     choices: dict[str, tuple[float, ...]] = {}
     ranges: dict[str, tuple[float, float]] = {}
     for name, spec in data["parameters"].items():
@@ -162,8 +173,50 @@ def load_search_space(path: Path) -> SearchSpace:
             )
     trials = int(data.get("trials", 20))
     return SearchSpace(
-        method, trials, int(data.get("seed", 0)), objective, choices, ranges, source=str(path)
+        method,
+        trials,
+        int(data.get("seed", 0)),
+        objective,
+        choices,
+        ranges,
+        source=str(path),
+        constraints=constraints,
     )
+
+
+def _not_a_figure(name: object) -> str:
+    close = difflib.get_close_matches(str(name), FIGURES, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"one of {', '.join(FIGURES)}"
+    return f"{name!r} is not a report figure; {hint}"
+
+
+def _load_constraints(raw: object, path: Path) -> dict[str, tuple[float, float]]:
+    """The ``constraints`` section: report figure -> ``{min: N, max: N}`` (either or both)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise SearchSpaceError(
+            f"{path}: constraints: need a mapping of report figures to {{min, max}}, got {raw!r}"
+        )
+    out: dict[str, tuple[float, float]] = {}
+    for name, bound in raw.items():
+        if name not in FIGURES:
+            raise SearchSpaceError(f"{path}: constraints: {_not_a_figure(name)}")
+        if (
+            not isinstance(bound, dict)
+            or not bound
+            or set(bound) - {"min", "max"}
+            or not all(_is_number(v) and math.isfinite(v) for v in bound.values())
+        ):
+            raise SearchSpaceError(
+                f"{path}: constraints.{name}: need {{min: N}}, {{max: N}} or both, with finite "
+                f"numbers, got {bound!r}"
+            )
+        low, high = float(bound.get("min", -math.inf)), float(bound.get("max", math.inf))
+        if low > high:
+            raise SearchSpaceError(f"{path}: constraints.{name}: min {low:g} > max {high:g}")
+        out[name] = (low, high)
+    return out
 
 
 def _is_number(value: object) -> bool:
@@ -288,6 +341,42 @@ def objective_of(summaries: Sequence[Summary], objective: str) -> float:
     return math.inf if any(math.isnan(v) for v in values) else float(np.mean(values))
 
 
+def figure_of(summaries: Sequence[Summary], figure: str) -> float:
+    """The mean of ``figure`` over the workloads that have it (a workload without non-elastic
+    jobs has no non-elastic queueing delay); NaN when none has it."""
+    values = [v for s in summaries if not math.isnan(v := float(getattr(s, figure)))]
+    return float(np.mean(values)) if values else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """One finished trial.
+
+    Attributes:
+        index: its place among the planned trials (``candidates``).
+        params: the parameters it set.
+        objective: the objective, averaged over workloads (``objective_of``).
+        figures: each constrained figure, averaged over workloads (``figure_of``).
+        meets: whether every figure is within its constraint (a NaN figure is not).
+    """
+
+    index: int
+    params: dict[str, float]
+    objective: float
+    figures: dict[str, float]
+    meets: bool
+
+
+def _judge(
+    index: int, params: dict[str, float], summaries: Sequence[Summary], space: SearchSpace
+) -> Trial:
+    figures = {name: figure_of(summaries, name) for name in space.constraints}
+    meets = all(
+        low <= figures[name] <= high for name, (low, high) in space.constraints.items()
+    )  # NaN compares False: a figure no workload has meets no constraint
+    return Trial(index, params, objective_of(summaries, space.objective), figures, meets)
+
+
 def tune(
     *,
     space: SearchSpace,
@@ -315,7 +404,7 @@ def tune(
         on_trial: called with (finished, total) after each trial.
 
     Returns:
-        The best policy and every finished trial.
+        The best trial that meets the space's constraints, and every finished trial.
 
     Raises:
         SearchSpaceError: a value the policy file would refuse (``check_values``); nothing runs.
@@ -324,19 +413,24 @@ def tune(
     out_dir.mkdir(parents=True, exist_ok=True)
     todo = candidates(space)
     names = sorted({n for c in todo for n in c})
-    finished: list[tuple[int, float]] = []
+    bounded = [n for n in space.constraints if n != space.objective]
+    finished: list[Trial] = []
     interrupted = False
     calls = [(apply_params(base_policy, p), workloads, cluster, options) for p in todo]
     with (out_dir / "trials.csv").open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["trial", *names, space.objective])
+        met = ["meets_constraints"] if space.constraints else []
+        writer.writerow(["trial", *names, space.objective, *bounded, *met])
         f.flush()
         try:
             for index, summaries in results_as_done(_trial, calls, workers=workers):
-                params = todo[index]
-                value = objective_of(summaries, space.objective)
-                finished.append((index, value))
-                writer.writerow([index, *(params.get(n, "") for n in names), value])
+                trial = _judge(index, todo[index], summaries, space)
+                finished.append(trial)
+                writer.writerow(
+                    [index, *(trial.params.get(n, "") for n in names), trial.objective]
+                    + [trial.figures[n] for n in bounded]
+                    + ([trial.meets] if space.constraints else [])
+                )
                 f.flush()
                 if on_trial is not None:
                     on_trial(len(finished), len(todo))
@@ -344,10 +438,11 @@ def tune(
             interrupted = True  # the workers are already stopped; the finished trials count
     # In planned order, not the order the workers finished in: a tie then goes to the trial
     # planned first, whatever the timing.
-    finished.sort()
-    trials = [(todo[index], value) for index, value in finished]
-    best = min(trials, key=lambda t: t[1])[0] if trials else {}
-    return TuneResult(apply_params(base_policy, best), trials, len(todo), interrupted)
+    finished.sort(key=lambda t: t.index)
+    eligible = [t for t in finished if t.meets]
+    best = min(eligible, key=lambda t: t.objective) if eligible else None
+    policy = apply_params(base_policy, best.params) if best is not None else base_policy
+    return TuneResult(policy, best, finished, len(todo), interrupted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,16 +450,18 @@ class TuneResult:
     """What ``tune`` found.
 
     Attributes:
-        best: the base policy with the best finished trial's parameters (the base policy
-            itself when no trial finished).
-        trials: every finished trial, ``(params, objective)``, in the order they were planned
-            (``candidates``); of trials with equal objectives, the first is ``best``.
+        best: the base policy with the best trial's parameters (the base policy itself when
+            no finished trial meets the constraints).
+        best_trial: the finished trial with the lowest objective among those that meet the
+            constraints (of equal ones, the first planned); None when there is none.
+        trials: every finished trial, in the order they were planned (``candidates``).
         planned: how many trials were to run.
         interrupted: whether an interrupt stopped the search before every trial finished.
     """
 
     best: ElasticPolicy
-    trials: list[tuple[dict[str, float], float]]
+    best_trial: Trial | None
+    trials: list[Trial]
     planned: int
     interrupted: bool = False
 

@@ -34,7 +34,15 @@ from simulations.controllers import BASELINE_NAMES
 from simulations.errors import SimulationError
 from simulations.faults import FaultOptions
 from simulations.run import RunOptions
-from simulations.tune import check_values, distinct_sets, load_search_space, policy_yaml, tune
+from simulations.tune import (
+    SearchSpace,
+    TuneResult,
+    check_values,
+    distinct_sets,
+    load_search_space,
+    policy_yaml,
+    tune,
+)
 from simulations.workload import DEFAULT_DURATION_S, DEFAULT_LOAD, Workload
 
 DEFAULT_DURATION_H = DEFAULT_DURATION_S / 3600
@@ -249,6 +257,68 @@ def _long_trace_tip(workload: Workload, quiet_s: float | None) -> None:
             "space out to 10 minutes while nothing happens: faster on long traces, with the "
             "engine deciding less often while the cluster is quiet[/dim]"
         )
+
+
+def _json_number(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _bound_text(low: float, high: float) -> str:
+    if math.isinf(low):
+        return f"<= {high:g}"
+    return f">= {low:g}" if math.isinf(high) else f"{low:g} to {high:g}"
+
+
+def _trials_table(space: SearchSpace, result: TuneResult) -> Table:
+    """The best 15 trials: those that meet the constraints first, each group by objective."""
+    trials = result.trials
+    names = sorted({n for t in trials for n in t.params})
+    bounded = [n for n in space.constraints if n != space.objective]
+    done = (
+        f"{len(trials)} of {result.planned} trials (interrupted)"
+        if result.interrupted
+        else f"{len(trials)} trials"
+    )
+    notes = []
+    if any(n.startswith("defaults.") for n in names):
+        notes.append("defaults.* parameters are shown without the prefix")
+    if space.constraints:
+        notes.append("rank –: misses a constraint")
+    table = Table(
+        title=f"tide tune: {done}, objective {space.objective}",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+        caption="; ".join(notes) or None,
+    )
+    # Headers break at their underscores, so that every name is whole in an 80-column
+    # terminal (an ellipsis would leave every "defaults." column unreadable).
+    for col in ("rank", *names, space.objective, *bounded):
+        header = col.removeprefix("defaults.").replace("_", "_\n")
+        widest = max(map(len, header.splitlines()))
+        table.add_column(header, justify="right", overflow="fold", min_width=widest)
+    ranked = sorted(trials, key=lambda t: (not t.meets, t.objective))
+    for rank, trial in enumerate(ranked[:15], 1):
+        table.add_row(
+            str(rank) if trial.meets else "–",
+            *(f"{trial.params.get(n, math.nan):g}" for n in names),
+            format_number(trial.objective, 3),
+            *(format_number(trial.figures[n], 3) for n in bounded),
+        )
+    return table
+
+
+def _tune_outcome(space: SearchSpace, result: TuneResult, out: Path) -> str:
+    """The line after the table: where the best policy is, or why none was written."""
+    trials_csv = out / "trials.csv"
+    if result.best_trial is None:
+        bounds = ", ".join(f"{n} {_bound_text(*b)}" for n, b in space.constraints.items())
+        return (
+            f"no finished trial meets the constraints ({bounds}); no policy written; "
+            f"trials: {trials_csv}"
+        )
+    label = "best policy of the finished trials" if result.interrupted else "best policy"
+    return f"{label}: {out / 'best-policy.yaml'}; trials: {trials_csv}"
 
 
 def register(app: typer.Typer) -> None:
@@ -490,40 +560,35 @@ def register(app: typer.Typer) -> None:
         if not trials:
             console.print("interrupted before any trial finished; no policy written")
             raise typer.Exit(130)
-        best_policy: ElasticPolicy = dataclasses.replace(result.best, name=f"{base.name}-tuned")
-        (out / "best-policy.yaml").write_text(policy_yaml(best_policy))
-        names = sorted({n for p, _ in trials for n in p})
-        done = (
-            f"{len(trials)} of {result.planned} trials (interrupted)"
-            if result.interrupted
-            else f"{len(trials)} trials"
-        )
-        table = Table(
-            title=f"tide tune: {done}, objective {space.objective}",
-            box=box.SIMPLE_HEAD,
-            pad_edge=False,
-            collapse_padding=True,
-            caption="defaults.* parameters are shown without the prefix"
-            if any(n.startswith("defaults.") for n in names)
-            else None,
-        )
-        # Headers break at their underscores, so that every name is whole in an 80-column
-        # terminal (an ellipsis would leave every "defaults." column unreadable).
-        for col in ("rank", *names, space.objective):
-            header = col.removeprefix("defaults.").replace("_", "_\n")
-            widest = max(map(len, header.splitlines()))
-            table.add_column(header, justify="right", overflow="fold", min_width=widest)
-        for rank, (params, value) in enumerate(sorted(trials, key=lambda t: t[1])[:15], 1):
-            table.add_row(
-                str(rank), *(f"{params.get(n, math.nan):g}" for n in names), format_number(value, 3)
-            )
-        console.print(table)
-        best_label = "best policy of the finished trials" if result.interrupted else "best policy"
-        console.print(f"{best_label}: {out / 'best-policy.yaml'}; trials: {out / 'trials.csv'}")
+        best_file = out / "best-policy.yaml"
+        if result.best_trial is not None:
+            best_policy = dataclasses.replace(result.best, name=f"{base.name}-tuned")
+            best_file.write_text(policy_yaml(best_policy))
+        else:
+            best_file.unlink(missing_ok=True)  # a file from an earlier search is not this one's
+        console.print(_trials_table(space, result))
+        console.print(_tune_outcome(space, result, out))
         (out / "trials.json").write_text(
             json.dumps(
-                [{"params": p, "objective": v if math.isfinite(v) else None} for p, v in trials]
+                [
+                    {
+                        "trial": t.index,
+                        "params": t.params,
+                        "objective": _json_number(t.objective),
+                        **(
+                            {
+                                "figures": {n: _json_number(v) for n, v in t.figures.items()},
+                                "meets_constraints": t.meets,
+                            }
+                            if space.constraints
+                            else {}
+                        ),
+                    }
+                    for t in trials
+                ]
             )
         )
         if result.interrupted:
             raise typer.Exit(130)
+        if result.best_trial is None:
+            raise typer.Exit(1)

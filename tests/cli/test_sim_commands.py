@@ -178,6 +178,28 @@ def test_tune_refuses_a_value_the_policy_file_would_refuse_before_writing(tmp_pa
     assert not out.exists()
 
 
+def test_tune_with_constraints_no_trial_meets_writes_no_policy_and_exits_1(
+    tmp_path: Path,
+) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "method: grid\nparameters:\n  defaults.cooldown_s: [60, 600]\n"
+        "constraints:\n  useful_utilization: {min: 0.999}\n"
+    )
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "best-policy.yaml").write_text("from an earlier search")
+    result = runner.invoke(app, ["tune", str(space), "--duration", "1", "--out", str(out)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert "no finished trial meets the constraints (useful_utilization >= 0.999)" in text
+    assert "rank –: misses a constraint" in text
+    assert not (out / "best-policy.yaml").exists()
+    trials = json.loads((out / "trials.json").read_text())
+    assert [t["meets_constraints"] for t in trials] == [False, False]
+    assert all(0 < t["figures"]["useful_utilization"] < 0.999 for t in trials)
+
+
 def test_simulate_refuses_a_load_that_is_not_positive(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", "--load", "0", "--out", str(tmp_path / "o")])
     assert result.exit_code == 1

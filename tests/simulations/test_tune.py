@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,9 +24,11 @@ from simulations.errors import SearchSpaceError
 from simulations.run import RunOptions
 from simulations.tune import (
     SearchSpace,
+    TuneResult,
     apply_params,
     candidates,
     distinct_sets,
+    figure_of,
     load_search_space,
     policy_yaml,
     tune,
@@ -41,6 +44,19 @@ def space(method: str = "random", trials: int = 8, **ranges: tuple[float, float]
         objective="avg_jct_h",
         choices={"defaults.cooldown_s": (60.0, 300.0), "defaults.max_step_up": (1.0, 2.0, 4.0)},
         ranges=ranges,
+    )
+
+
+def _tune_on_builtin(searched: SearchSpace, out_dir: Path) -> TuneResult:
+    """``tune`` of the built-in cluster's default policy, with no workloads: for tests whose
+    trials' results are faked, or refused before any runs."""
+    return tune(
+        space=searched,
+        base_policy=default_policy_for(BUILTIN_CLUSTER),
+        workloads=[],
+        cluster=BUILTIN_CLUSTER,
+        options=RunOptions(),
+        out_dir=out_dir,
     )
 
 
@@ -86,8 +102,8 @@ def test_an_interrupt_keeps_the_finished_trials_and_their_best(
     with (tmp_path / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(result.trials)
-    best_params, _ = min(result.trials, key=lambda t: t[1])
-    assert result.best.defaults.cooldown_s == best_params["defaults.cooldown_s"]
+    assert result.best_trial == result.trials[0]
+    assert result.best.defaults.cooldown_s == result.trials[0].params["defaults.cooldown_s"]
 
 
 def test_of_equal_trials_the_first_planned_is_best_whatever_finishes_first(
@@ -99,16 +115,9 @@ def test_of_equal_trials_the_first_planned_is_best_whatever_finishes_first(
 
     monkeypatch.setattr(tune_module, "results_as_done", last_first)
     grid = space(method="grid")
-    result = tune(
-        space=grid,
-        base_policy=default_policy_for(BUILTIN_CLUSTER),
-        workloads=[],
-        cluster=BUILTIN_CLUSTER,
-        options=RunOptions(),
-        out_dir=tmp_path,
-    )
+    result = _tune_on_builtin(grid, tmp_path)
     planned = candidates(grid)
-    assert [params for params, _ in result.trials] == planned
+    assert [t.params for t in result.trials] == planned
     assert result.best.defaults.cooldown_s == planned[0]["defaults.cooldown_s"]
     assert result.best.defaults.max_step_up == planned[0]["defaults.max_step_up"]
 
@@ -147,14 +156,7 @@ def test_a_value_the_policy_file_would_refuse_is_refused_before_any_trial(
 ) -> None:
     searched = _space_file(tmp_path, f"method: random\nparameters:\n  {parameters}\n")
     with pytest.raises(SearchSpaceError) as refused:
-        tune(
-            space=searched,
-            base_policy=default_policy_for(BUILTIN_CLUSTER),
-            workloads=[load_workload(seed=0, duration_s=3600.0)],
-            cluster=BUILTIN_CLUSTER,
-            options=RunOptions(),
-            out_dir=tmp_path / "out",
-        )
+        _tune_on_builtin(searched, tmp_path / "out")
     assert str(refused.value).startswith(f"{tmp_path / 'space.yaml'}: {expected}")
     assert not (tmp_path / "out").exists()
 
@@ -238,3 +240,69 @@ def test_the_written_policy_reads_back_as_the_policy_that_ran(
         ),
     )
     assert parse_policy(yaml.safe_load(policy_yaml(policy)), source="t") == policy
+
+
+def _fake_results(
+    figures: list[dict[str, float]],
+) -> Callable[..., Iterator[tuple[int, list[SimpleNamespace]]]]:
+    """``results_as_done`` that gives trial i one workload's summary with ``figures[i]``."""
+
+    def fake(fn: object, calls: list[object], workers: int) -> Iterator[tuple[int, list]]:
+        for index in range(len(calls)):
+            yield index, [SimpleNamespace(**figures[index])]
+
+    return fake
+
+
+def test_the_best_trial_is_the_lowest_objective_among_those_that_meet_the_constraints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    searched = _space_file(
+        tmp_path,
+        "method: grid\nparameters:\n  defaults.cooldown_s: [60, 120, 180, 240]\n"
+        "constraints:\n  p95_queue_nonelastic_h: {max: 1.0}\n  useful_utilization: {min: 0.5}\n",
+    )
+    figures = [
+        {"avg_jct_h": 1.0, "p95_queue_nonelastic_h": 2.0, "useful_utilization": 0.9},  # p95 high
+        {"avg_jct_h": 2.0, "p95_queue_nonelastic_h": 0.5, "useful_utilization": 0.6},  # meets
+        {"avg_jct_h": 1.5, "p95_queue_nonelastic_h": 0.5, "useful_utilization": 0.4},  # util low
+        {"avg_jct_h": 3.0, "p95_queue_nonelastic_h": 1.0, "useful_utilization": 0.5},  # meets
+    ]
+    monkeypatch.setattr(tune_module, "results_as_done", _fake_results(figures))
+    result = _tune_on_builtin(searched, tmp_path / "out")
+    assert [t.meets for t in result.trials] == [False, True, False, True]
+    assert result.best_trial is result.trials[1]
+    assert result.best.defaults.cooldown_s == 120.0
+    with (tmp_path / "out" / "trials.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["meets_constraints"] for r in rows] == ["False", "True", "False", "True"]
+    assert [float(r["p95_queue_nonelastic_h"]) for r in rows] == [2.0, 0.5, 0.5, 1.0]
+
+
+def test_a_figure_no_workload_has_meets_no_constraint() -> None:
+    no_nonelastic = SimpleNamespace(p95_queue_nonelastic_h=math.nan, avg_jct_h=1.0)
+    some = SimpleNamespace(p95_queue_nonelastic_h=0.25)
+    assert figure_of([no_nonelastic, some], "p95_queue_nonelastic_h") == 0.25
+    assert math.isnan(figure_of([no_nonelastic], "p95_queue_nonelastic_h"))
+    searched = SearchSpace(
+        "grid", 1, 0, "avg_jct_h", {}, {}, constraints={"p95_queue_nonelastic_h": (0.0, 1.0)}
+    )
+    judged = tune_module._judge(0, {}, [no_nonelastic], searched)
+    assert not judged.meets
+
+
+@pytest.mark.parametrize(
+    ("constraints", "expected"),
+    [
+        ("  p95_queue_nonelastic: {max: 1}", "did you mean 'p95_queue_nonelastic_h'?"),
+        ("  avg_jct_h: {below: 1}", "constraints.avg_jct_h: need {min: N}, {max: N} or both"),
+        ("  avg_jct_h: {max: .nan}", "constraints.avg_jct_h: need {min: N}"),
+        ("  avg_jct_h: 3", "constraints.avg_jct_h: need {min: N}"),
+        ("  avg_jct_h: {min: 2, max: 1}", "constraints.avg_jct_h: min 2 > max 1"),
+        ("  wall_s: {max: 1}", "constraints: 'wall_s' is not a report figure"),
+    ],
+)
+def test_a_bad_constraint_is_named(tmp_path: Path, constraints: str, expected: str) -> None:
+    text = f"parameters:\n  defaults.cooldown_s: [60]\nconstraints:\n{constraints}\n"
+    with pytest.raises(SearchSpaceError, match=re.escape(expected)):
+        _space_file(tmp_path, text)
