@@ -43,4 +43,5 @@ bench:
 	$(PYTHON) benchmarks/simulate_speed.py --json benchmarks/out/simulate_speed.json
 	$(PYTHON) benchmarks/policy_quality.py --json benchmarks/out/policy_quality.json
 	$(PYTHON) benchmarks/pollux_batch_whatif.py --json benchmarks/out/pollux_batch_whatif.json
+	$(PYTHON) benchmarks/headroom_tradeoff.py --json benchmarks/out/headroom_tradeoff.json
 	$(PYTHON) benchmarks/checkpoint.py --json benchmarks/out/checkpoint.json

@@ -58,7 +58,7 @@ def _case(
     return out, (name, seed, jct_lower_bound_h(workload))
 
 
-def _cases(
+def quality_cases(
     seeds: list[int], builtin_seeds: list[int], itp_days: float
 ) -> list[tuple[str, int, Workload, ClusterSpec]]:
     # The built-in workload is small (about 55 jobs in its day), so one job started earlier
@@ -87,6 +87,24 @@ def _cases(
             w = dataclasses.replace(full, name=f"itp-cluster04-{itp_days:g}d", jobs=jobs)
             cases.append((w.name, s, w, cluster))
     return cases
+
+
+def add_case_options(parser: argparse.ArgumentParser) -> None:
+    """The options that choose the cases (``cases_from``), ``--json`` and ``--workers``."""
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--seeds", default="0,1,2", help="seeds of the ITP case")
+    parser.add_argument("--builtin-seeds", default=",".join(map(str, range(10))))
+    parser.add_argument("--itp-days", type=float, default=7.0)
+    parser.add_argument("--workers", type=int, default=2)
+
+
+def cases_from(args: argparse.Namespace) -> list[tuple[str, int, Workload, ClusterSpec]]:
+    """The cases ``add_case_options``'s options choose."""
+    return quality_cases(
+        [int(s) for s in args.seeds.split(",")],
+        [int(s) for s in args.builtin_seeds.split(",")],
+        args.itp_days,
+    )
 
 
 def _targets_table(rows: list[tuple[str, int, Summary]], records: list[dict[str, object]]) -> Table:
@@ -138,14 +156,9 @@ def _targets_table(rows: list[tuple[str, int, Summary]], records: list[dict[str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--seeds", default="0,1,2", help="seeds of the ITP case")
-    parser.add_argument("--builtin-seeds", default=",".join(map(str, range(10))))
-    parser.add_argument("--itp-days", type=float, default=7.0)
-    parser.add_argument("--workers", type=int, default=2)
+    add_case_options(parser)
     args = parser.parse_args()
-    seeds = [int(s) for s in args.seeds.split(",")]
-    cases = _cases(seeds, [int(s) for s in args.builtin_seeds.split(",")], args.itp_days)
+    cases = cases_from(args)
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(pool.map(_case, cases))
     rows = [r for out, _ in results for r in out]
