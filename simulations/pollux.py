@@ -28,6 +28,7 @@ from scipy.interpolate import LinearNDInterpolator, interp1d
 from scheduler_policy.model import JobKey
 from simulations.errors import TraceError
 from simulations.profiles import ScalingProfile
+from simulations.traces import column_float, column_int
 from simulations.workload import Workload, WorkloadJob
 
 EPOCHS = {"bert": 2, "cifar10": 100, "ncf": 10, "imagenet": 90, "deepspeech2": 80, "yolov3": 50}
@@ -166,8 +167,8 @@ def load_pollux_workload(
             app = row["application"]
             if app not in EPOCHS:
                 raise ValueError(f"unknown application {app!r}")
-            batch, replicas = int(row["batch_size"]), int(row["num_replicas"])
-            submit = float(row["time"])
+            batch, replicas = column_int(row, "batch_size"), column_int(row, "num_replicas")
+            submit = column_float(row, "time")
             if replicas < 1 or batch < 1 or submit < 0:
                 raise ValueError(f"bad num_replicas/batch_size/time {replicas}/{batch}/{submit}")
             profile = application_profile(traces_dir, app, batch, gpus_per_node)
@@ -176,7 +177,8 @@ def load_pollux_workload(
             if skip_bad_rows:
                 skipped += 1
                 continue
-            raise TraceError(path, line, str(e)) from e
+            detail = f"missing column {e}" if isinstance(e, KeyError) else str(e)
+            raise TraceError(path, line, detail) from e
         max_replicas = min(MAX_REPLICAS, max(replicas, max_useful_replicas(profile)))
         jobs.append(
             WorkloadJob(

@@ -153,8 +153,8 @@ def load_philly(
         return duration_job(
             key=f"philly-{line}",
             submit_s=submit,
-            duration_s=float(row["duration"]),
-            gpus=int(row["num_gpus"]),
+            duration_s=column_float(row, "duration"),
+            gpus=column_int(row, "num_gpus"),
             seed=seed,
             elastic_fraction=elastic_fraction,
             source=f"{path}:{line}",
@@ -202,9 +202,9 @@ def load_itp(
     def build(line: int, row: Row) -> WorkloadJob:
         return duration_job(
             key=str(row["job_id"]),
-            submit_s=float(row["submission_time"]),
-            duration_s=float(row["duration"]),
-            gpus=int(row["num_gpu"]),
+            submit_s=column_float(row, "submission_time"),
+            duration_s=column_float(row, "duration"),
+            gpus=column_int(row, "num_gpu"),
             seed=seed,
             elastic_fraction=elastic_fraction,
             source=f"{where}:{line}",
@@ -230,6 +230,24 @@ def _bool(value: Any) -> bool:
     raise ValueError(f"elastic must be true or false, got {value!r}")
 
 
+def column_float(row: Row, key: str) -> float:
+    """Column ``key`` as a number; a ValueError that names the column otherwise."""
+    value = row[key]
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}: {value!r} is not a number") from None
+
+
+def column_int(row: Row, key: str) -> int:
+    """Column ``key`` as a whole number; a ValueError that names the column otherwise."""
+    value = row[key]
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{key}: {value!r} is not a whole number") from None
+
+
 def _optional(row: Row, key: str) -> Any:
     value = row.get(key)
     return None if value is None or value == "" else value
@@ -237,7 +255,7 @@ def _optional(row: Row, key: str) -> Any:
 
 def tide_job(row: Row, *, source: str) -> WorkloadJob:
     """One job of tide's trace format (TRACE_FORMAT.md)."""
-    replicas = int(row["replicas"])
+    replicas = column_int(row, "replicas")
     elastic = _bool(row.get("elastic", False))
     job_type = builtin_job_type(str(_optional(row, "job_type") or "transformer"))
     min_r = _optional(row, "min_replicas")
@@ -245,22 +263,28 @@ def tide_job(row: Row, *, source: str) -> WorkloadJob:
     restart = _optional(row, "restart_cost_s")
     ckpt = _optional(row, "checkpoint_interval_s")
     queue = _optional(row, "queue")
-    duration = float(row["duration_s"])
+    duration = column_float(row, "duration_s")
     if not duration > 0:
         raise ValueError(f"duration_s must be > 0, got {duration}")
     return WorkloadJob(
         key=JobKey(str(row["job_id"])),
-        submit_s=float(row["submit_s"]),
+        submit_s=column_float(row, "submit_s"),
         queue=QueueName(str(queue)) if queue is not None else None,
         elastic=elastic,
-        gpus_per_replica=int(_optional(row, "gpus_per_replica") or 1),
-        min_replicas=int(min_r) if min_r is not None else replicas,
-        max_replicas=int(max_r) if max_r is not None else replicas,
+        gpus_per_replica=column_int(row, "gpus_per_replica")
+        if _optional(row, "gpus_per_replica")
+        else 1,
+        min_replicas=column_int(row, "min_replicas") if min_r is not None else replicas,
+        max_replicas=column_int(row, "max_replicas") if max_r is not None else replicas,
         requested_replicas=replicas,
         work_units=duration * job_type.profile.rate(replicas),
         profile=job_type.profile,
-        checkpoint_interval_s=float(ckpt) if ckpt is not None else DEFAULT_CHECKPOINT_INTERVAL_S,
-        restart_cost_s=float(restart) if restart is not None else None,
+        checkpoint_interval_s=(
+            column_float(row, "checkpoint_interval_s")
+            if ckpt is not None
+            else DEFAULT_CHECKPOINT_INTERVAL_S
+        ),
+        restart_cost_s=column_float(row, "restart_cost_s") if restart is not None else None,
         source=source,
     )
 

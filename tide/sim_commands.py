@@ -245,12 +245,18 @@ LONG_TRACE_DAYS = 7.0
 """Arrivals spanning more days than this get the ``--quiet-interval`` tip."""
 
 
-def _long_trace_tip(workload: Workload, quiet_s: float | None) -> None:
-    """Point a long replay without ``--quiet-interval`` at it."""
-    if quiet_s is not None or not workload.jobs:
+def _long_trace_tip(workloads: list[Workload], quiet_s: float | None) -> None:
+    """Point a long replay without ``--quiet-interval`` at it (once, for the longest)."""
+    if quiet_s is not None:
         return
-    submits = [job.submit_s for job in workload.jobs]
-    days = (max(submits) - min(submits)) / 86400.0
+    days = max(
+        (
+            (max(j.submit_s for j in w.jobs) - min(j.submit_s for j in w.jobs)) / 86400.0
+            for w in workloads
+            if w.jobs
+        ),
+        default=0.0,
+    )
     if days > LONG_TRACE_DAYS:
         console.print(
             f"[dim]tip: arrivals span {days:.0f} days; --quiet-interval 600 lets reconciles "
@@ -386,7 +392,7 @@ def register(app: typer.Typer) -> None:
                 if any(run.label == name for run in runs):
                     raise SimulationError(f"--policies: {name} is given twice")
                 runs.append(PolicyRun(name, name, policy if name == "tide" else None))
-            _long_trace_tip(seeded[0].workload, quiet_s)
+            _long_trace_tip([seeded[0].workload], quiet_s)
             run_comparison(
                 console=console,
                 runs=runs,
@@ -444,7 +450,7 @@ def register(app: typer.Typer) -> None:
                 if any(run.label == label for run in runs):
                     raise SimulationError(f"{path}: given twice")
                 runs.append(PolicyRun(label, "tide", policy))
-            _long_trace_tip(seeded[0].workload, quiet_s)
+            _long_trace_tip([seeded[0].workload], quiet_s)
             run_comparison(
                 console=console,
                 runs=runs,
@@ -484,10 +490,16 @@ def register(app: typer.Typer) -> None:
         workers: Annotated[int, typer.Option("--workers", min=1, help="Worker processes.")] = 2,
         duration_h: DurationOpt = DEFAULT_DURATION_H,
         load: LoadOpt = DEFAULT_LOAD,
+        horizon_h: HorizonOpt = None,
+        skip_bad_rows: SkipOpt = False,
+        quiet_s: QuietOpt = None,
         out: OutOpt = Path("tide-tune-out"),
     ) -> None:
         """Search policy parameters; write the best policy and a table of trials."""
         try:
+            run_options = _options(
+                seed=0, horizon_h=horizon_h, mtbf_h=None, outage_h=None, quiet_s=quiet_s
+            )
             space = load_search_space(space_file)
             cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
             base = load_policy(policy_file) if policy_file else default_policy_for(cluster)
@@ -506,6 +518,7 @@ def register(app: typer.Typer) -> None:
                         member=member,
                         seed=s,
                         gpus_per_node=cluster.gpus_per_node,
+                        skip_bad_rows=skip_bad_rows,
                     )
                     for t in traces
                     for s in _trace_seeds(t, fmt, chosen)
@@ -520,6 +533,7 @@ def register(app: typer.Typer) -> None:
                     )
                     for s in chosen
                 ]
+            _long_trace_tip(workloads, quiet_s)
             if space.method == "random" and distinct_sets(space) < space.trials:
                 console.print(
                     f"note: the search space holds {distinct_sets(space):.0f} parameter sets, "
@@ -545,7 +559,7 @@ def register(app: typer.Typer) -> None:
                     base_policy=base,
                     workloads=workloads,
                     cluster=cluster,
-                    options=RunOptions(),
+                    options=run_options,
                     out_dir=out,
                     workers=workers,
                     on_trial=on_trial,

@@ -485,6 +485,36 @@ def test_tune_seeds_draw_a_philly_trace_once_per_seed(
     assert seen == [expected]
 
 
+def test_tune_takes_the_replay_options_of_simulate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,submit_s,replicas,duration_s\na,0,2,600\nb,oops,1,60\n")
+    space = tmp_path / "space.yaml"
+    space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [60]\n")
+    args = ["tune", str(space), "--trace", str(trace), "--out", str(tmp_path / "o")]
+    refused = runner.invoke(app, args)
+    assert refused.exit_code == 1
+    assert f"{trace}:3: submit_s: 'oops' is not a number" in " ".join(refused.output.split())
+    seen: dict[str, object] = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_tune(**kwargs: object) -> None:
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(sim_commands, "tune", fake_tune)
+    more = ["--skip-bad-rows", "--quiet-interval", "600", "--horizon", "2"]
+    result = runner.invoke(app, [*args, *more])
+    assert isinstance(result.exception, Stop), result.output
+    (workload,) = seen["workloads"]  # type: ignore[misc]
+    assert workload.skipped_rows == 1 and len(workload.jobs) == 1
+    options = seen["options"]
+    assert options.quiet_interval_s == 600.0 and options.horizon_s == 7200.0  # type: ignore[attr-defined]
+
+
 def test_compare_tells_apart_two_files_of_one_name(tmp_path: Path) -> None:
     for folder, interval in (("a", "60s"), ("b", "120s")):
         (tmp_path / folder).mkdir()

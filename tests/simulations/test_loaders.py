@@ -37,9 +37,17 @@ TIDE_HEADER = (
         ("a,0,research,true,2,1,4,-1,vision-cnn\n", 2, "duration_s"),
         ("a,0,research,maybe,2,1,4,600,vision-cnn\n", 2, "elastic"),
         ("a,0,research,true,2,1,4,600,gpt9\n", 2, "unknown job type"),
-        ("a,x,research,true,2,1,4,600,vision-cnn\n", 2, "could not convert"),
+        ("a,x,research,true,2,1,4,600,vision-cnn\n", 2, "submit_s: 'x' is not a number"),
+        ("a,0,research,true,2.5,1,4,600,vision-cnn\n", 2, "replicas: '2.5' is not a whole number"),
     ],
-    ids=["min-above-requested", "negative-duration", "bad-bool", "unknown-type", "bad-number"],
+    ids=[
+        "min-above-requested",
+        "negative-duration",
+        "bad-bool",
+        "unknown-type",
+        "bad-number",
+        "bad-whole-number",
+    ],
 )
 def test_tide_csv_bad_row_names_file_and_line(
     tmp_path: Path, body: str, bad_line: int, message: str
@@ -79,6 +87,11 @@ def test_philly_and_itp_small_files(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="duration") as info:
         load_philly(philly)
     assert info.value.line == 4
+    (tmp_path / "p2.csv").write_text(
+        "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-09 07:01:55,1m,1,66.0,c\n"
+    )
+    with pytest.raises(TraceError, match=re.escape("p2.csv:2: duration: '1m' is not a number")):
+        load_philly(tmp_path / "p2.csv")
     w = load_philly(philly, skip_bad_rows=True)
     assert [j.submit_s for j in w.jobs] == [0.0, 60.0] and w.skipped_rows == 1
     data = b"job_id,submission_time,duration,num_gpu\nj1,5,100,2\nj2,7,50,zero\n"
@@ -87,7 +100,7 @@ def test_philly_and_itp_small_files(tmp_path: Path) -> None:
         info_ = tarfile.TarInfo("raw/clusterX.csv")
         info_.size = len(data)
         tar.addfile(info_, io.BytesIO(data))
-    with pytest.raises(TraceError, match=r"clusterX\.csv:3"):
+    with pytest.raises(TraceError, match=r"clusterX\.csv:3: num_gpu: 'zero' is not a whole"):
         load_itp(archive, member="clusterX.csv")
     assert len(load_itp(archive, member="clusterX.csv", skip_bad_rows=True).jobs) == 1
     with pytest.raises(TraceError, match="no such member"):
@@ -191,6 +204,18 @@ def test_real_pollux_workload() -> None:
     cifar = next(j for j in w.jobs if j.key == "pollux/cifar10-0")
     assert cifar.requested_replicas == 6 and cifar.profile.samples_per_unit == 2048
     assert cifar.profile.speedup(4) > 2.0  # measured: ~3.6x
+
+
+def test_pollux_bad_rows_name_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "w.csv"
+    path.write_text("name,time,application,num_replicas,batch_size\nc-0,0,cifar10,two,128\n")
+    with pytest.raises(
+        TraceError, match=re.escape("w.csv:2: num_replicas: 'two' is not a whole number")
+    ):
+        load_pollux_workload(path, traces_dir=tmp_path)
+    path.write_text("name,time,application,num_replicas\nc-0,0,cifar10,2\n")
+    with pytest.raises(TraceError, match=re.escape("w.csv:2: missing column 'batch_size'")):
+        load_pollux_workload(path, traces_dir=tmp_path)
 
 
 @pytest.mark.skipif(not ITP.exists(), reason=f"shared ITP traces absent at {ITP}")
