@@ -165,6 +165,20 @@ def _job(value: object, path: str, problems: list[str]) -> JobState | None:
     )
 
 
+def _refuse_duplicates(
+    named: list[tuple[str, str]], field: str, what: str, problems: list[str]
+) -> None:
+    """A problem for each ``(path, name)`` whose name an earlier one already has."""
+    first: dict[str, str] = {}
+    for path, name in named:
+        if name in first:
+            problems.append(
+                f"{path}.{field}: duplicate {what} {name!r}, first defined at {first[name]}"
+            )
+        else:
+            first[name] = path
+
+
 def parse_observation(data: object, *, source: str) -> Observation:
     """Build an observation from parsed YAML or JSON.
 
@@ -182,8 +196,23 @@ def parse_observation(data: object, *, source: str) -> Observation:
     top = section(data, path="", allowed=_TOP, problems=problems)
     if top is None:
         raise ObservationError(f"{source}: {problems[0]}")
-    queues = [_queue(v, p, problems) for p, v in _items(top, "queues")]
-    jobs = [_job(v, p, problems) for p, v in _items(top, "jobs")]
+    queue_items = list(_items(top, "queues"))
+    job_items = list(_items(top, "jobs"))
+    queues = [_queue(v, p, problems) for p, v in queue_items]
+    jobs = [_job(v, p, problems) for p, v in job_items]
+    # A queue or a job given twice would be planned twice (two writes to one Job).
+    _refuse_duplicates(
+        [(p, q.name) for (p, _), q in zip(queue_items, queues, strict=True) if q is not None],
+        "name",
+        "queue",
+        problems,
+    )
+    _refuse_duplicates(
+        [(p, j.key) for (p, _), j in zip(job_items, jobs, strict=True) if j is not None],
+        "key",
+        "job",
+        problems,
+    )
     observation = Observation(
         time_s=top.get("time", 0.0, non_negative),
         queues=tuple(q for q in queues if q is not None),

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from scheduler_policy.engine import decide
+from scheduler_policy.errors import ObservationError
 from scheduler_policy.model import DemandPoint, JobKey, JobPhase, QueueName, Reason
 from scheduler_policy.models_cache import ModelCache
 from scheduler_policy.observation_file import load_observation
@@ -391,3 +392,18 @@ def test_observation_file_reads_scheduled_replicas(tmp_path):
     )
     (job,) = load_observation(path).jobs
     assert (job.current_replicas, job.held_replicas) == (6, 2)
+
+
+def test_observation_file_refuses_a_queue_or_a_job_given_twice(tmp_path):
+    path = tmp_path / "obs.yaml"
+    job = "{key: ns/a, queue: q, currentReplicas: 2, elastic: true}"
+    path.write_text(
+        "queues: [{name: q}, {name: r}, {name: q}]\n"
+        f"jobs:\n  - {job}\n  - {{key: ns/b, queue: q, currentReplicas: 1}}\n  - {job}\n"
+    )
+    with pytest.raises(ObservationError) as refused:
+        load_observation(path)
+    assert str(refused.value).splitlines()[1:] == [
+        "  - queues[2].name: duplicate queue 'q', first defined at queues[0]",
+        "  - jobs[2].key: duplicate job 'ns/a', first defined at jobs[0]",
+    ]

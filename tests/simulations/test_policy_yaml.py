@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scheduler_policy.model import QueueName
 from scheduler_policy.policy import Defaults, ElasticPolicy, Headroom, Objective, QueuePolicy
 from scheduler_policy.policy_file import parse_policy
+from simulations.api import default_policy_for
+from simulations.cluster_config import BUILTIN_CLUSTER
 from simulations.tune import policy_yaml
 
 
@@ -52,3 +58,50 @@ def test_a_policy_for_other_queues_is_flagged():
     ]
     fitting = ElasticPolicy(name="q", queues=(QueuePolicy(QueueName("research"), borrow=True),))
     assert policy_queue_warnings(fitting, BUILTIN_CLUSTER) == []
+
+
+_SECONDS = st.floats(min_value=0.0, max_value=1e9, allow_nan=False)
+_POSITIVE_SECONDS = st.floats(min_value=1e-3, max_value=1e9, allow_nan=False)
+
+
+@given(
+    interval=_POSITIVE_SECONDS,
+    cooldown=_SECONDS,
+    window=_SECONDS,
+    remaining=_POSITIVE_SECONDS,
+    tolerance=st.floats(min_value=0.0, max_value=0.999),
+    headroom=st.floats(min_value=0.0, max_value=1e4),
+    quantile=st.none() | st.floats(min_value=0.01, max_value=0.99),
+    cap=st.none() | st.floats(min_value=0.0, max_value=1e4),
+)
+def test_the_written_policy_reads_back_as_the_policy_that_ran(
+    interval: float,
+    cooldown: float,
+    window: float,
+    remaining: float,
+    tolerance: float,
+    headroom: float,
+    quantile: float | None,
+    cap: float | None,
+) -> None:
+    base = default_policy_for(BUILTIN_CLUSTER)
+    policy = dataclasses.replace(
+        base,
+        interval_s=interval,
+        defaults=dataclasses.replace(
+            base.defaults,
+            cooldown_s=cooldown,
+            window_down_s=window,
+            assumed_remaining_s=remaining,
+            tolerance=tolerance,
+        ),
+        queues=(
+            dataclasses.replace(
+                base.queues[0],
+                headroom=Headroom(gpus=headroom, forecast_quantile=quantile, horizon_s=interval),
+                max_elastic_gpus=cap,
+            ),
+            *base.queues[1:],
+        ),
+    )
+    assert parse_policy(yaml.safe_load(policy_yaml(policy)), source="t") == policy

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import math
 import re
 from collections.abc import Callable, Iterator
@@ -11,13 +10,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
-from hypothesis import given
-from hypothesis import strategies as st
 
 import simulations.tune as tune_module
 from scheduler_policy.policy import Headroom
-from scheduler_policy.policy_file import parse_policy
 from simulations.api import default_policy_for, load_workload
 from simulations.cluster_config import BUILTIN_CLUSTER
 from simulations.errors import SearchSpaceError
@@ -30,7 +25,6 @@ from simulations.tune import (
     distinct_sets,
     figure_of,
     load_search_space,
-    policy_yaml,
     tune,
 )
 from tests.simulations.helpers import interrupt_after_first
@@ -193,53 +187,6 @@ def test_queue_parameters_set_that_queue_and_nothing_else() -> None:
     assert research.max_elastic_gpus == 12.0
     assert production == base.queues[1]
     assert tuned.defaults.cooldown_s == 120.0
-
-
-_SECONDS = st.floats(min_value=0.0, max_value=1e9, allow_nan=False)
-_POSITIVE_SECONDS = st.floats(min_value=1e-3, max_value=1e9, allow_nan=False)
-
-
-@given(
-    interval=_POSITIVE_SECONDS,
-    cooldown=_SECONDS,
-    window=_SECONDS,
-    remaining=_POSITIVE_SECONDS,
-    tolerance=st.floats(min_value=0.0, max_value=0.999),
-    headroom=st.floats(min_value=0.0, max_value=1e4),
-    quantile=st.none() | st.floats(min_value=0.01, max_value=0.99),
-    cap=st.none() | st.floats(min_value=0.0, max_value=1e4),
-)
-def test_the_written_policy_reads_back_as_the_policy_that_ran(
-    interval: float,
-    cooldown: float,
-    window: float,
-    remaining: float,
-    tolerance: float,
-    headroom: float,
-    quantile: float | None,
-    cap: float | None,
-) -> None:
-    base = default_policy_for(BUILTIN_CLUSTER)
-    policy = dataclasses.replace(
-        base,
-        interval_s=interval,
-        defaults=dataclasses.replace(
-            base.defaults,
-            cooldown_s=cooldown,
-            window_down_s=window,
-            assumed_remaining_s=remaining,
-            tolerance=tolerance,
-        ),
-        queues=(
-            dataclasses.replace(
-                base.queues[0],
-                headroom=Headroom(gpus=headroom, forecast_quantile=quantile, horizon_s=interval),
-                max_elastic_gpus=cap,
-            ),
-            *base.queues[1:],
-        ),
-    )
-    assert parse_policy(yaml.safe_load(policy_yaml(policy)), source="t") == policy
 
 
 def _fake_results(
