@@ -11,8 +11,9 @@ from pathlib import Path
 
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from simulations.api import Case, PolicyRun, run_cases, write_json_report
 from simulations.cluster_config import ClusterSpec
@@ -40,6 +41,81 @@ def _table(title: str, caption: str, columns: Sequence[str]) -> Table:
     for col in columns:
         table.add_column(col, justify="right", no_wrap=True, min_width=5)
     return table
+
+
+def fit_to_width(console: Console, table: Table) -> list[Table]:
+    """``table`` as one or more tables, each as narrow as ``console``'s width allows.
+
+    Below the width a table needs, rich drops whole columns, the first one (the policy's name)
+    among them. Instead, the figures are split over several tables that each repeat the first
+    column; the title goes on the first, and the caption on none (``print_fitted`` prints it
+    under them, as wide as the console). A table that fits is returned as it is.
+    """
+    width = console.width
+
+    label, *figures = table.columns
+
+    def needs(columns: list[Column]) -> int:
+        # Each column at the least width rich can give it without cropping: what its cells
+        # and header need if it may not wrap, else its min_width (it folds). Measured as a
+        # table of that many x's (the same padding), against a wide page: a measurement is
+        # clamped to the width it is given.
+        stubs = Table(
+            box=table.box, pad_edge=table.pad_edge, collapse_padding=table.collapse_padding
+        )
+        widths = [_least_width(c) for c in (label, *columns)]
+        for w in widths:
+            stubs.add_column("x" * w, no_wrap=True)
+        stubs.add_row(*("x" * w for w in widths))
+        return Measurement.get(console, console.options.update_width(10_000), stubs).minimum
+
+    if len(table.columns) < 3 or needs(figures) <= width:
+        return [table]
+    chunks: list[list[Column]] = [[]]
+    for column in figures:
+        if chunks[-1] and needs([*chunks[-1], column]) > width:
+            chunks.append([])
+        chunks[-1].append(column)
+    parts = [_part(table, [label, *chunk]) for chunk in chunks]
+    parts[0].title = table.title
+    return parts
+
+
+def _least_width(column: Column) -> int:
+    """The narrowest ``column`` can be without losing a character."""
+    if not column.no_wrap:
+        return column.min_width or 1
+    texts = [str(column.header), *map(str, column.cells)]
+    return max((len(line) for text in texts for line in text.splitlines()), default=1)
+
+
+def _part(table: Table, columns: list[Column]) -> Table:
+    """A table of ``table``'s style with some of its columns and their cells."""
+    part = Table(
+        box=table.box,
+        pad_edge=table.pad_edge,
+        collapse_padding=table.collapse_padding,
+    )
+    for column in columns:
+        part.add_column(
+            column.header,
+            justify=column.justify,
+            no_wrap=column.no_wrap,
+            overflow=column.overflow,
+            min_width=column.min_width,
+        )
+    for row in zip(*(list(column.cells) for column in columns), strict=True):
+        part.add_row(*row)
+    return part
+
+
+def print_fitted(console: Console, table: Table) -> None:
+    """Print ``table`` whole on ``console``, split over several tables if it is too narrow."""
+    parts = fit_to_width(console, table)
+    for part in parts:
+        console.print(part)
+    if len(parts) > 1 and table.caption:
+        console.print(table.caption, style="table.caption", justify="center")
 
 
 def summary_table(summaries: Sequence[Summary], *, title: str) -> Table:
@@ -293,12 +369,13 @@ def _print_one(
     bound_h: float,
 ) -> None:
     workload = one.workload
-    console.print(
+    print_fitted(
+        console,
         summary_table(
             summaries,
             title=f"{workload.name} on {cluster.name} "
             f"({cluster.total_gpus} GPUs, {len(workload.jobs)} jobs)",
-        )
+        ),
     )
     if workload.skipped_rows:
         console.print(f"skipped {workload.skipped_rows} bad trace row(s)")
@@ -331,12 +408,13 @@ def _print_seeds(
     counts = sorted({len(one.workload.jobs) for one in seeded})
     jobs = f"{counts[0]} jobs" if len(counts) == 1 else f"{counts[0]}–{counts[-1]} jobs"
     seed_list = ",".join(str(one.seed) for one in seeded)
-    console.print(
+    print_fitted(
+        console,
         seeds_table(
             summaries,
             title=f"{_name(seeded)} on {cluster.name} ({cluster.total_gpus} GPUs, {jobs}), "
             f"seeds {seed_list}",
-        )
+        ),
     )
     for line in ratio_lines(summaries, seeds, reference=reference):
         console.print(line)

@@ -28,7 +28,7 @@ from simulations.api import (
     policy_queue_warnings,
 )
 from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
-from simulations.compare import Seeded, run_comparison
+from simulations.compare import Seeded, print_fitted, run_comparison
 from simulations.compare import fmt as format_number
 from simulations.controllers import BASELINE_NAMES
 from simulations.errors import SimulationError
@@ -580,7 +580,7 @@ def register(app: typer.Typer) -> None:
             best_file.write_text(policy_yaml(best_policy))
         else:
             best_file.unlink(missing_ok=True)  # a file from an earlier search is not this one's
-        console.print(_trials_table(space, result))
+        print_fitted(console, _trials_table(space, result))
         console.print(_tune_outcome(space, result, out))
         (out / "trials.json").write_text(
             json.dumps(
