@@ -319,8 +319,16 @@ def _tune_outcome(space: SearchSpace, result: TuneResult, out: Path) -> str:
     trials_csv = out / "trials.csv"
     if result.best_trial is None:
         bounds = ", ".join(f"{n} {_bound_text(*b)}" for n, b in space.constraints.items())
+        absent = [
+            n for n in space.constraints if all(math.isnan(t.figures[n]) for t in result.trials)
+        ]
+        why = (
+            f" ({', '.join(absent)}: no workload has this figure, e.g. no non-elastic jobs)"
+            if absent
+            else ""
+        )
         return (
-            f"no finished trial meets the constraints ({bounds}); no policy written; "
+            f"no finished trial meets the constraints ({bounds}){why}; no policy written; "
             f"trials: {trials_csv}"
         )
     label = "best policy of the finished trials" if result.interrupted else "best policy"

@@ -200,6 +200,23 @@ def test_tune_with_constraints_no_trial_meets_writes_no_policy_and_exits_1(
     assert all(0 < t["figures"]["useful_utilization"] < 0.999 for t in trials)
 
 
+def test_tune_says_when_no_workload_has_a_constrained_figure(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"  # every job elastic: no non-elastic queueing delay
+    trace.write_text("job_id,submit_s,replicas,duration_s,elastic\na,0,2,600,true\n")
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "method: grid\nparameters:\n  defaults.cooldown_s: [60]\n"
+        "constraints:\n  p95_queue_nonelastic_h: {max: 1}\n"
+    )
+    args = ["tune", str(space), "--trace", str(trace), "--out", str(tmp_path / "o")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert (
+        "(p95_queue_nonelastic_h: no workload has this figure, e.g. no non-elastic jobs)"
+        in " ".join(result.output.split())
+    )
+
+
 def test_simulate_refuses_a_load_that_is_not_positive(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", "--load", "0", "--out", str(tmp_path / "o")])
     assert result.exit_code == 1
