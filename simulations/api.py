@@ -213,6 +213,21 @@ def run_one(
 
 
 @dataclass(frozen=True, slots=True)
+class Seeded:
+    """One seed's workload and run options, for a comparison or a tuning trial over seeds.
+
+    Attributes:
+        seed: the seed (of the workload, the measurement noise and the faults).
+        workload: the jobs drawn or assigned with it.
+        options: run options with it.
+    """
+
+    seed: int
+    workload: Workload
+    options: RunOptions
+
+
+@dataclass(frozen=True, slots=True)
 class Case:
     """One simulation to run: a policy on a workload, with its run options."""
 

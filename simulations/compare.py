@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich import box
@@ -15,12 +14,11 @@ from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
-from simulations.api import Case, PolicyRun, run_cases, write_json_report
+from simulations.api import Case, PolicyRun, Seeded, run_cases, write_json_report
 from simulations.cluster_config import ClusterSpec
 from simulations.plots import plot_all
 from simulations.report import Summary, jct_lower_bound_h, summarize, write_jobs_csv
-from simulations.run import RunOptions, SimResult
-from simulations.workload import Workload
+from simulations.run import SimResult
 
 
 def fmt(value: float, digits: int = 2) -> str:
@@ -151,21 +149,6 @@ def summary_table(summaries: Sequence[Summary], *, title: str) -> Table:
             fmt(s.guaranteed_wait_minutes, 0),
         )
     return table
-
-
-@dataclass(frozen=True, slots=True)
-class Seeded:
-    """One seed's workload and run options, for a comparison over seeds.
-
-    Attributes:
-        seed: the seed (of the workload, the measurement noise and the faults).
-        workload: the jobs drawn or assigned with it.
-        options: run options with it.
-    """
-
-    seed: int
-    workload: Workload
-    options: RunOptions
 
 
 def seeds_table(summaries: Sequence[Summary], *, title: str) -> Table:

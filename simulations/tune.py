@@ -39,13 +39,11 @@ from scheduler_policy.fields import yaml_problem
 from scheduler_policy.model import QueueName
 from scheduler_policy.policy import Defaults, ElasticPolicy, QueuePolicy
 from scheduler_policy.policy_file import parse_policy
-from simulations.api import PolicyRun, run_one
+from simulations.api import PolicyRun, Seeded, run_one
 from simulations.cluster_config import ClusterSpec
 from simulations.errors import SearchSpaceError
 from simulations.parallel import results_as_done
 from simulations.report import Summary, summarize
-from simulations.run import RunOptions
-from simulations.workload import Workload
 
 # Numeric policy fields only (the objective is a choice of words, not a number to search).
 _TOP = {f.name for f in dataclasses.fields(ElasticPolicy)} - {
@@ -324,14 +322,11 @@ def _queue_with(queue: QueuePolicy, fields: Mapping[str, float]) -> QueuePolicy:
     )
 
 
-def _trial(
-    policy: ElasticPolicy, workloads: Sequence[Workload], cluster: ClusterSpec, options: RunOptions
-) -> list[Summary]:
+def _trial(policy: ElasticPolicy, seeded: Sequence[Seeded], cluster: ClusterSpec) -> list[Summary]:
+    run = PolicyRun("tide", "tide", policy)
     return [
-        summarize(
-            run_one(PolicyRun("tide", "tide", policy), workload=w, cluster=cluster, options=options)
-        )
-        for w in workloads
+        summarize(run_one(run, workload=one.workload, cluster=cluster, options=one.options))
+        for one in seeded
     ]
 
 
@@ -381,9 +376,8 @@ def tune(
     *,
     space: SearchSpace,
     base_policy: ElasticPolicy,
-    workloads: Sequence[Workload],
+    seeded: Sequence[Seeded],
     cluster: ClusterSpec,
-    options: RunOptions,
     out_dir: Path,
     workers: int = 2,
     on_trial: Callable[[int, int], None] | None = None,
@@ -396,9 +390,10 @@ def tune(
     Args:
         space: the search space.
         base_policy: the policy whose parameters are varied.
-        workloads: workloads each trial runs on.
+        seeded: the workloads each trial runs on, each with its run options (a workload
+            drawn with a seed runs with that seed's measurement noise, as ``tide simulate
+            --seed`` runs it, so a trial's figures are the ones a simulation would show).
         cluster: the cluster.
-        options: run options.
         out_dir: where ``trials.csv`` goes.
         workers: worker processes.
         on_trial: called with (finished, total) after each trial.
@@ -416,7 +411,7 @@ def tune(
     bounded = [n for n in space.constraints if n != space.objective]
     finished: list[Trial] = []
     interrupted = False
-    calls = [(apply_params(base_policy, p), workloads, cluster, options) for p in todo]
+    calls = [(apply_params(base_policy, p), seeded, cluster) for p in todo]
     with (out_dir / "trials.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         met = ["meets_constraints"] if space.constraints else []

@@ -22,14 +22,15 @@ from scheduler_policy.policy_file import load_policy
 from simulations.api import (
     SEEDED_FORMATS,
     PolicyRun,
+    Seeded,
     default_policy_for,
     detect_format,
     load_workload,
     policy_queue_warnings,
 )
 from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
-from simulations.compare import Seeded, print_fitted, run_comparison
 from simulations.compare import fmt as format_number
+from simulations.compare import print_fitted, run_comparison
 from simulations.controllers import BASELINE_NAMES
 from simulations.errors import SimulationError
 from simulations.faults import FaultOptions
@@ -505,42 +506,57 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Search policy parameters; write the best policy and a table of trials."""
         try:
-            run_options = _options(
-                seed=0, horizon_h=horizon_h, mtbf_h=None, outage_h=None, quiet_s=quiet_s
-            )
+            chosen = _seed_list(seeds)
+
+            def options(seed: int) -> RunOptions:
+                return _options(
+                    seed=seed, horizon_h=horizon_h, mtbf_h=None, outage_h=None, quiet_s=quiet_s
+                )
+
+            options(chosen[0])  # checked before any file is read
             space = load_search_space(space_file)
             cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
             base = load_policy(policy_file) if policy_file else default_policy_for(cluster)
             _warn_policy(base, cluster)
             check_values(space, base)
-            chosen = _seed_list(seeds)
+            # Each workload runs with its seed's measurement noise, as `tide simulate --seed`
+            # runs it: a trial's figures are then the ones a simulation of its policy shows.
             if traces:
                 resolved = [t.resolve() for t in traces]
                 for t, r in zip(traces, resolved, strict=True):
                     if resolved.count(r) > 1:
                         raise SimulationError(f"--trace: {t} is given twice")
-                workloads = [
-                    load_workload(
-                        trace=t,
-                        trace_format=fmt,
-                        member=member,
-                        seed=s,
-                        gpus_per_node=cluster.gpus_per_node,
-                        skip_bad_rows=skip_bad_rows,
+                seeded = [
+                    Seeded(
+                        s,
+                        load_workload(
+                            trace=t,
+                            trace_format=fmt,
+                            member=member,
+                            seed=s,
+                            gpus_per_node=cluster.gpus_per_node,
+                            skip_bad_rows=skip_bad_rows,
+                        ),
+                        options(s),
                     )
                     for t in traces
                     for s in _trace_seeds(t, fmt, chosen)
                 ]
             else:
-                workloads = [
-                    load_workload(
-                        seed=s,
-                        duration_s=duration_h * 3600,
-                        load=load,
-                        cluster_gpus=cluster.total_gpus,
+                seeded = [
+                    Seeded(
+                        s,
+                        load_workload(
+                            seed=s,
+                            duration_s=duration_h * 3600,
+                            load=load,
+                            cluster_gpus=cluster.total_gpus,
+                        ),
+                        options(s),
                     )
                     for s in chosen
                 ]
+            workloads = [one.workload for one in seeded]
             _long_trace_tip(workloads, quiet_s)
             if space.method == "random" and distinct_sets(space) < space.trials:
                 console.print(
@@ -565,9 +581,8 @@ def register(app: typer.Typer) -> None:
                 result = tune(
                     space=space,
                     base_policy=base,
-                    workloads=workloads,
+                    seeded=seeded,
                     cluster=cluster,
-                    options=run_options,
                     out_dir=out,
                     workers=workers,
                     on_trial=on_trial,

@@ -234,6 +234,23 @@ def test_tune_names_a_seed_that_is_not_a_non_negative_integer(tmp_path: Path) ->
     assert not (tmp_path / "trials.csv").exists()
 
 
+def test_a_tuning_trial_shows_what_simulate_shows_for_its_policy(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [300]\n")  # the default
+    common = ["--seeds", "1,2", "--duration", "6"]
+    tuned = runner.invoke(app, ["tune", str(space), *common, "--out", str(tmp_path / "t")])
+    assert tuned.exit_code == 0, tuned.output
+    (trial,) = json.loads((tmp_path / "t" / "trials.json").read_text())
+    report = tmp_path / "s.json"
+    simulated = runner.invoke(
+        app, ["simulate", "--policies", "tide", *common, "--out", str(tmp_path / "s"),
+              "--json", str(report)],
+    )  # fmt: skip
+    assert simulated.exit_code == 0, simulated.output
+    jct = [s["avg_jct_h"] for s in json.loads(report.read_text())["summaries"]]
+    assert trial["objective"] == pytest.approx(sum(jct) / len(jct), rel=1e-12)
+
+
 def test_tune_refuses_a_seed_or_a_trace_given_twice(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
     space.write_text("parameters:\n  defaults.cooldown_s: [60, 600]\n")
@@ -492,7 +509,7 @@ def test_tune_seeds_draw_a_philly_trace_once_per_seed(
         pass
 
     def fake_tune(**kwargs: object) -> None:
-        seen.append(len(kwargs["workloads"]))  # type: ignore[arg-type]
+        seen.append(len(kwargs["seeded"]))  # type: ignore[arg-type]
         raise Stop
 
     monkeypatch.setattr(sim_commands, "tune", fake_tune)
@@ -526,10 +543,9 @@ def test_tune_takes_the_replay_options_of_simulate(
     more = ["--skip-bad-rows", "--quiet-interval", "600", "--horizon", "2"]
     result = runner.invoke(app, [*args, *more])
     assert isinstance(result.exception, Stop), result.output
-    (workload,) = seen["workloads"]  # type: ignore[misc]
-    assert workload.skipped_rows == 1 and len(workload.jobs) == 1
-    options = seen["options"]
-    assert options.quiet_interval_s == 600.0 and options.horizon_s == 7200.0  # type: ignore[attr-defined]
+    (one,) = seen["seeded"]  # type: ignore[misc]
+    assert one.workload.skipped_rows == 1 and len(one.workload.jobs) == 1
+    assert one.options.quiet_interval_s == 600.0 and one.options.horizon_s == 7200.0
 
 
 def test_compare_tells_apart_two_files_of_one_name(tmp_path: Path) -> None:

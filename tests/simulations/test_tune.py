@@ -13,7 +13,7 @@ import pytest
 
 import simulations.tune as tune_module
 from scheduler_policy.policy import Headroom
-from simulations.api import default_policy_for, load_workload
+from simulations.api import Seeded, default_policy_for, load_workload
 from simulations.cluster_config import BUILTIN_CLUSTER
 from simulations.errors import SearchSpaceError
 from simulations.run import RunOptions
@@ -47,9 +47,8 @@ def _tune_on_builtin(searched: SearchSpace, out_dir: Path) -> TuneResult:
     return tune(
         space=searched,
         base_policy=default_policy_for(BUILTIN_CLUSTER),
-        workloads=[],
+        seeded=[],
         cluster=BUILTIN_CLUSTER,
-        options=RunOptions(),
         out_dir=out_dir,
     )
 
@@ -85,9 +84,8 @@ def test_an_interrupt_keeps_the_finished_trials_and_their_best(
     result = tune(
         space=space(method="grid"),
         base_policy=default_policy_for(BUILTIN_CLUSTER),
-        workloads=[workload],
+        seeded=[Seeded(0, workload, RunOptions())],
         cluster=BUILTIN_CLUSTER,
-        options=RunOptions(),
         out_dir=tmp_path,
         workers=1,
     )
