@@ -501,6 +501,8 @@ def register(app: typer.Typer) -> None:
         load: LoadOpt = DEFAULT_LOAD,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
+        node_mtbf_h: MtbfOpt = None,
+        outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
         out: OutOpt = Path("tide-tune-out"),
     ) -> None:
@@ -510,7 +512,11 @@ def register(app: typer.Typer) -> None:
 
             def options(seed: int) -> RunOptions:
                 return _options(
-                    seed=seed, horizon_h=horizon_h, mtbf_h=None, outage_h=None, quiet_s=quiet_s
+                    seed=seed,
+                    horizon_h=horizon_h,
+                    mtbf_h=node_mtbf_h,
+                    outage_h=outage_h,
+                    quiet_s=quiet_s,
                 )
 
             options(chosen[0])  # checked before any file is read

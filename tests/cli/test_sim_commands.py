@@ -540,12 +540,15 @@ def test_tune_takes_the_replay_options_of_simulate(
         raise Stop
 
     monkeypatch.setattr(sim_commands, "tune", fake_tune)
-    more = ["--skip-bad-rows", "--quiet-interval", "600", "--horizon", "2"]
+    more = ["--skip-bad-rows", "--quiet-interval", "600", "--horizon", "2", "--node-mtbf", "50"]
+    more += ["--metrics-outage-every", "6"]
     result = runner.invoke(app, [*args, *more])
     assert isinstance(result.exception, Stop), result.output
     (one,) = seen["seeded"]  # type: ignore[misc]
     assert one.workload.skipped_rows == 1 and len(one.workload.jobs) == 1
     assert one.options.quiet_interval_s == 600.0 and one.options.horizon_s == 7200.0
+    assert one.options.faults.node_mtbf_s == 50 * 3600.0
+    assert one.options.faults.outage_every_s == 6 * 3600.0
 
 
 def test_compare_tells_apart_two_files_of_one_name(tmp_path: Path) -> None:
