@@ -4,6 +4,8 @@ Each baseline reads the same ``Observation`` the engine reads (built by ``engine
 same ``SimulatedCluster``) and returns a ``BaselinePlan``: target replicas per job, and for
 preemptive schedulers a job priority and jobs to suspend. The simulator applies the targets as the
 engine's writes are applied (a shrink checkpoints first), so only the decisions differ.
+``static`` (Volcano as-is) decides nothing, so it reads nothing either: it is
+``controllers.StaticController``.
 """
 
 from __future__ import annotations
@@ -64,16 +66,6 @@ def _running_elastic_by_queue(observation: Observation) -> dict[QueueName, list[
 
 def _pending_nonelastic(observation: Observation) -> float:
     return sum(q.pending_nonelastic_gpus for q in observation.queues)
-
-
-class StaticBaseline:
-    """Volcano as-is: every job keeps the replicas it asked for."""
-
-    name = "static"
-
-    def decide(self, observation: Observation, *, now_s: float) -> BaselinePlan:
-        """See base class. Never changes anything."""
-        return BaselinePlan()
 
 
 @dataclass(slots=True)

@@ -15,7 +15,6 @@ from simulations.baselines import (
     BaselinePlan,
     HpaBaseline,
     OptimusBaseline,
-    StaticBaseline,
     ThresholdBaseline,
     TiresiasBaseline,
 )
@@ -76,6 +75,26 @@ class TideController:
         )
         self.decisions += len(result.decisions)
         return sum(1 for c in result.applied if c.to_replicas != c.from_replicas)
+
+    def order(self) -> JobOrder:
+        """See base class. Volcano's FIFO."""
+        return fifo_order
+
+
+@dataclass(slots=True)
+class StaticController:
+    """Volcano as-is (``static``): every job keeps the replicas it asked for.
+
+    It decides nothing, so it observes nothing: an observation it would not read was half of
+    a static replay's time on long traces.
+    """
+
+    name: str = "static"
+    rigid: bool = False
+
+    def control(self, cluster: SimulatedCluster, *, now_s: float) -> int:
+        """See base class. Changes nothing."""
+        return 0
 
     def order(self) -> JobOrder:
         """See base class. Volcano's FIFO."""
@@ -149,8 +168,8 @@ def make_controller(
         return TideController(policy=policy, models=ModelCache(refit_s=policy.model_refit_s))
     baseline: Baseline
     if name == "static":
-        baseline = StaticBaseline()
-    elif name == "threshold":
+        return StaticController()
+    if name == "threshold":
         baseline = ThresholdBaseline()
     elif name == "hpa":
         baseline = HpaBaseline()
