@@ -266,6 +266,59 @@ def _long_trace_tip(workloads: list[Workload], quiet_s: float | None) -> None:
         )
 
 
+def _tune_workloads(
+    *,
+    traces: list[Path],
+    fmt: str,
+    member: str,
+    seeds: list[int],
+    cluster: ClusterSpec,
+    duration_h: float,
+    load: float,
+    skip_bad_rows: bool,
+    options: Callable[[int], RunOptions],
+) -> list[Seeded]:
+    """What every trial of ``tide tune`` runs on: each trace once per seed it depends on
+    (``_trace_seeds``), or the built-in workload's draw for each seed. Each workload runs with
+    its seed's measurement noise and faults, as ``tide simulate --seed`` runs it, so that a
+    trial's figures are the ones a simulation of its policy shows.
+
+    Raises:
+        SimulationError: a trace given twice (however spelled), or one that cannot be read.
+    """
+    if not traces:
+        return [
+            Seeded(
+                s,
+                load_workload(
+                    seed=s, duration_s=duration_h * 3600, load=load, cluster_gpus=cluster.total_gpus
+                ),
+                options(s),
+            )
+            for s in seeds
+        ]
+    resolved = [t.resolve() for t in traces]
+    for t, r in zip(traces, resolved, strict=True):
+        if resolved.count(r) > 1:
+            raise SimulationError(f"--trace: {t} is given twice")
+    return [
+        Seeded(
+            s,
+            load_workload(
+                trace=t,
+                trace_format=fmt,
+                member=member,
+                seed=s,
+                gpus_per_node=cluster.gpus_per_node,
+                skip_bad_rows=skip_bad_rows,
+            ),
+            options(s),
+        )
+        for t in traces
+        for s in _trace_seeds(t, fmt, seeds)
+    ]
+
+
 def _json_number(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
@@ -525,45 +578,18 @@ def register(app: typer.Typer) -> None:
             base = load_policy(policy_file) if policy_file else default_policy_for(cluster)
             _warn_policy(base, cluster)
             check_values(space, base)
-            # Each workload runs with its seed's measurement noise, as `tide simulate --seed`
-            # runs it: a trial's figures are then the ones a simulation of its policy shows.
-            if traces:
-                resolved = [t.resolve() for t in traces]
-                for t, r in zip(traces, resolved, strict=True):
-                    if resolved.count(r) > 1:
-                        raise SimulationError(f"--trace: {t} is given twice")
-                seeded = [
-                    Seeded(
-                        s,
-                        load_workload(
-                            trace=t,
-                            trace_format=fmt,
-                            member=member,
-                            seed=s,
-                            gpus_per_node=cluster.gpus_per_node,
-                            skip_bad_rows=skip_bad_rows,
-                        ),
-                        options(s),
-                    )
-                    for t in traces
-                    for s in _trace_seeds(t, fmt, chosen)
-                ]
-            else:
-                seeded = [
-                    Seeded(
-                        s,
-                        load_workload(
-                            seed=s,
-                            duration_s=duration_h * 3600,
-                            load=load,
-                            cluster_gpus=cluster.total_gpus,
-                        ),
-                        options(s),
-                    )
-                    for s in chosen
-                ]
-            workloads = [one.workload for one in seeded]
-            _long_trace_tip(workloads, quiet_s)
+            seeded = _tune_workloads(
+                traces=traces or [],
+                fmt=fmt,
+                member=member,
+                seeds=chosen,
+                cluster=cluster,
+                duration_h=duration_h,
+                load=load,
+                skip_bad_rows=skip_bad_rows,
+                options=options,
+            )
+            _long_trace_tip([one.workload for one in seeded], quiet_s)
             if space.method == "random" and distinct_sets(space) < space.trials:
                 console.print(
                     f"note: the search space holds {distinct_sets(space):.0f} parameter sets, "
