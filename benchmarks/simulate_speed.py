@@ -1,14 +1,15 @@
 """Wall time of `tide simulate` with the tide policy on Pollux workloads 1-4 and ITP cluster04.
 
-    python benchmarks/simulate_speed.py [--json PATH] [--skip-itp]
+    python benchmarks/simulate_speed.py [--json PATH] [--skip-itp] [--philly]
 
 Reads the shared traces from ../shared next to the checkout; cases whose files are absent are
 skipped with a message. Targets: <= 5 s per Pollux workload (64 GPUs), <= 60 s for cluster04.
 One more case runs the built-in workload (seed 0) with the example policy
 ``manifests/policies/research-and-production.yaml``, whose demand forecast refits a gradient-
 boosted model every 10 simulated minutes: the cost a forecasting policy adds to a simulation.
-Last, all six policies on ITP cluster04's first 7 days, as `tide simulate` runs them, in one
-process and in two, alternated three times; the two must give the same results.
+ITP cluster04 runs once more with the ``static`` baseline, the time a comparison's reference
+costs. Last, all six policies on ITP cluster04's first 7 days, as `tide simulate` runs them, in
+one process and in two, alternated three times; the two must give the same results.
 
 With ``--philly``, also the largest trace at hand: the whole Philly-derived job list (82,247 jobs
 over 109 days) on the 640-GPU ITP cluster, tide and static in two processes, as
@@ -56,14 +57,14 @@ def main() -> None:
         help="longest reconcile gap while nothing happens, s (ITP only)",
     )
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=120)
     records: list[dict[str, object]] = []
-    table = Table(title="tide simulate: wall time (tide policy)")
+    table = Table(title="tide simulate: wall time (tide policy unless said)")
     for col in ("case", "jobs", "GPUs", "load s", "simulate s", "reconciles", "avg JCT h"):
         table.add_column(col, justify="right")
     # (name, trace or None for the built-in workload, format, cluster or None for the built-in
-    # one, quiet interval, policy file or None for the default policy)
-    cases: list[tuple[str, Path | None, str, Path | None, float | None, Path | None]] = []
+    # one, quiet interval, policy file or None for the default policy, or "static")
+    cases: list[tuple[str, Path | None, str, Path | None, float | None, Path | str | None]] = []
     pollux = SHARED_TRACES / "pollux-osdi21" / "workloads"
     for i in range(1, 5):
         cases.append(
@@ -77,16 +78,17 @@ def main() -> None:
             )
         )
     if not args.skip_itp:
-        cases.append(
-            (
-                "itp-cluster04",
-                SHARED_TRACES / "elasticflow-itp" / "raw-traces.tar.gz",
-                "itp",
-                REPO / "manifests" / "clusters" / "itp-640.yaml",
-                args.quiet_interval,
-                None,
+        for policy in (None, "static"):
+            cases.append(
+                (
+                    "itp-cluster04" + (" (static)" if policy else ""),
+                    SHARED_TRACES / "elasticflow-itp" / "raw-traces.tar.gz",
+                    "itp",
+                    REPO / "manifests" / "clusters" / "itp-640.yaml",
+                    args.quiet_interval,
+                    policy,
+                )
             )
-        )
     forecasting = REPO / "manifests" / "policies" / "research-and-production.yaml"
     cases.append(("builtin-forecast-policy", None, "auto", None, None, forecasting))
     for name, path, fmt, cluster_path, quiet, policy_path in cases:
@@ -101,9 +103,13 @@ def main() -> None:
             else load_workload(cluster_gpus=cluster.total_gpus)
         )
         load_s = time.perf_counter() - t0
-        policy = load_policy(policy_path) if policy_path else default_policy_for(cluster)
+        if policy_path == "static":
+            run = PolicyRun("static", "static")
+        else:
+            policy = load_policy(policy_path) if policy_path else default_policy_for(cluster)
+            run = PolicyRun("tide", "tide", policy)
         result = run_one(
-            PolicyRun("tide", "tide", policy),
+            run,
             workload=workload,
             cluster=cluster,
             options=RunOptions(quiet_interval_s=quiet),
@@ -122,7 +128,7 @@ def main() -> None:
             "case": name,
             "jobs": len(workload.jobs),
             "gpus": cluster.total_gpus,
-            "policy": "tide",
+            "policy": run.kind,
         }
         records.append(
             {
