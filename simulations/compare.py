@@ -187,6 +187,18 @@ def seeds_table(summaries: Sequence[Summary], *, title: str) -> Table:
     return table
 
 
+def idle_line(summaries: Sequence[Summary]) -> str:
+    """GPU-hours each policy left idle while a job waited to start (medians over seeds)."""
+    by_policy = _by_policy(summaries)
+    several = any(len(rows) > 1 for rows in by_policy.values())
+    figures = ", ".join(
+        f"{policy} {fmt(_median([r.idle_while_waiting_gpu_hours for r in rows]), 1)}"
+        for policy, rows in by_policy.items()
+    )
+    median = ", median over the seeds" if several else ""
+    return f"GPU-hours idle while a job waited to start{median}: {figures}"
+
+
 def _by_policy(summaries: Sequence[Summary]) -> dict[str, list[Summary]]:
     out: dict[str, list[Summary]] = {}
     for summary in summaries:
@@ -360,6 +372,7 @@ def _print_one(
             f"({cluster.total_gpus} GPUs, {len(workload.jobs)} jobs)",
         ),
     )
+    console.print(idle_line(summaries))
     if workload.skipped_rows:
         console.print(f"skipped {workload.skipped_rows} bad trace row(s)")
     console.print(
@@ -401,6 +414,7 @@ def _print_seeds(
     )
     for line in ratio_lines(summaries, seeds, reference=reference):
         console.print(line)
+    console.print(idle_line(summaries))
     skipped = sorted({one.workload.skipped_rows for one in seeded})
     if skipped[-1]:
         console.print(f"skipped {skipped[-1]} bad trace row(s)")

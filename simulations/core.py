@@ -50,6 +50,7 @@ class ClusterCore:
         self.done_count = 0
         self.alloc_gpu_s = 0.0
         self.effective_gpu_s = 0.0
+        self.idle_waiting_gpu_s = 0.0
         self.blocked_queues: frozenset[QueueName] = frozenset()
         self.last_deserved: dict[QueueName, float] = {}
         self.blocked_queue_s: dict[QueueName, float] = {q.name: 0.0 for q in spec.queues}
@@ -111,6 +112,9 @@ class ClusterCore:
             self.effective_gpu_s += job.effective_gpus * useful
         for queue in self.blocked_queues:
             self.blocked_queue_s[queue] += dt
+        free = self.nodes.total_free  # pods change only at events: constant over dt
+        if free and any(self.waiting_by_queue.values()):
+            self.idle_waiting_gpu_s += free * dt
         self.now_s = to_s
 
     def _changed(self, job: SimJob) -> None:

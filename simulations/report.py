@@ -36,6 +36,9 @@ class Summary:
         killed_gpu_hours: GPU-hours of work lost to abrupt kills.
         guaranteed_wait_minutes: queue-minutes when a queue's waiting work fit in its share but
             the GPUs were held by other queues.
+        idle_while_waiting_gpu_hours: GPU-hours of healthy GPUs left idle while some job waited
+            to start: what the scheduler's rules (queue shares, gangs, placement, the enqueue
+            gate) and the policy left unused although there was work.
         work_done_ratio: work done / work asked (1 when every job finished).
         skipped_rows: bad trace rows skipped.
         wall_s: wall-clock seconds of the run.
@@ -65,6 +68,7 @@ class Summary:
     restart_gpu_hours: float
     killed_gpu_hours: float
     guaranteed_wait_minutes: float
+    idle_while_waiting_gpu_hours: float
     work_done_ratio: float
     skipped_rows: int
     wall_s: float
@@ -135,6 +139,7 @@ def summarize(result: SimResult) -> Summary:
         restart_gpu_hours=sum(j.restart_gpu_s for j in result.jobs) / h,
         killed_gpu_hours=sum(j.killed_gpu_s for j in result.jobs) / h,
         guaranteed_wait_minutes=sum(result.blocked_queue_s.values()) / 60.0,
+        idle_while_waiting_gpu_hours=result.idle_waiting_gpu_s / h,
         work_done_ratio=sum(j.done_units for j in result.jobs) / asked if asked else 1.0,
         skipped_rows=result.skipped_rows,
         wall_s=result.wall_s,

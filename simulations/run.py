@@ -113,6 +113,7 @@ class SimResult:
         alloc_gpu_s: GPU-seconds held by pods.
         effective_gpu_s: GPU-seconds of useful progress (speedup-weighted, restarts excluded).
         blocked_queue_s: per queue, seconds its waiting work fit its share but not the free GPUs.
+        idle_waiting_gpu_s: GPU-seconds of healthy GPUs left idle while a job waited to start.
         end_s: simulated time when the run stopped.
         reconciles: reconciles run.
         writes: replica changes written.
@@ -133,6 +134,7 @@ class SimResult:
     alloc_gpu_s: float
     effective_gpu_s: float
     blocked_queue_s: dict[str, float]
+    idle_waiting_gpu_s: float
     end_s: float
     reconciles: int
     writes: int
@@ -278,6 +280,7 @@ def simulate(
         alloc_gpu_s=sim.alloc_gpu_s,
         effective_gpu_s=sim.effective_gpu_s,
         blocked_queue_s={str(k): v for k, v in sim.blocked_queue_s.items()},
+        idle_waiting_gpu_s=sim.idle_waiting_gpu_s,
         end_s=sim.now_s,
         reconciles=reconciles,
         writes=sim.writes,

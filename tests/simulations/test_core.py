@@ -7,11 +7,14 @@ import random
 import pytest
 
 from scheduler_policy.model import JobKey
+from simulations.controllers import make_controller
 from simulations.faults import FaultOptions
-from simulations.run import RunOptions
+from simulations.report import summarize
+from simulations.run import RunOptions, simulate
 from simulations.state import Nodes
 from simulations.volcano import run_session
-from tests.simulations.helpers import make_job, make_sim
+from simulations.workload import Workload
+from tests.simulations.helpers import make_cluster, make_job, make_sim
 
 
 @pytest.mark.parametrize(
@@ -126,3 +129,18 @@ def test_nodes_keep_their_free_and_healthy_totals_through_any_operations() -> No
             nodes.set_up(rng.choice([i for i, u in enumerate(nodes.up) if not u]))
         assert nodes.total_free == sum(f for f, u in zip(nodes.free, nodes.up, strict=True) if u)
         assert nodes.healthy_gpus == 4 * sum(nodes.up)
+
+
+def test_gpus_idle_while_a_job_waits_are_counted_and_only_then() -> None:
+    # One node of 4 GPUs at 1 unit/s per replica: x holds 3 GPUs for 1,200 s; y (2 GPUs) waits
+    # for it with 1 GPU idle, then runs alone for 100 s with 2 idle but nothing waiting.
+    jobs = (make_job("x", replicas=3, work=3600.0), make_job("y", replicas=2, work=200.0))
+    workload = Workload("t", jobs)
+    result = simulate(
+        workload=workload,
+        cluster=make_cluster(),
+        controller=make_controller("static", workload=workload),
+        options=RunOptions(),
+    )
+    assert result.idle_waiting_gpu_s == pytest.approx(1 * 1200.0)
+    assert summarize(result).idle_while_waiting_gpu_hours == pytest.approx(1200.0 / 3600.0)
