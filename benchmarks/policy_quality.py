@@ -163,7 +163,7 @@ def main() -> None:
         results = list(pool.map(_case, cases))
     rows = [r for out, _ in results for r in out]
     bounds = {(name, seed): bound for _, (name, seed, bound) in results}
-    console = Console(width=140)
+    console = Console(width=160)
     table = Table(title="policy quality (h = hours)")
     for col in (
         "case",
@@ -173,6 +173,7 @@ def main() -> None:
         "p95 JCT h",
         "non-elastic queue p95 h",
         "lost GPU-h",
+        "idle GPU-h while waiting",
         "rescales",
         "JCT vs static",
         "JCT vs threshold",
@@ -192,6 +193,7 @@ def main() -> None:
             f"{s.p95_jct_h:.2f}",
             "-" if math.isnan(s.p95_queue_nonelastic_h) else f"{s.p95_queue_nonelastic_h:.2f}",
             f"{lost:.1f}",
+            f"{s.idle_while_waiting_gpu_hours:.1f}",
             str(s.rescales),
             f"{s.avg_jct_h / static:.2f}",
             f"{s.avg_jct_h / threshold:.2f}",
@@ -201,6 +203,12 @@ def main() -> None:
             {"metric": "avg_jct", "value": round(s.avg_jct_h, 4), "unit": "h", **params},
             {"metric": "p95_jct", "value": round(s.p95_jct_h, 4), "unit": "h", **params},
             {"metric": "gpu_hours_lost", "value": round(lost, 3), "unit": "gpu_hours", **params},
+            {
+                "metric": "gpu_hours_idle_while_waiting",
+                "value": round(s.idle_while_waiting_gpu_hours, 3),
+                "unit": "gpu_hours",
+                **params,
+            },
             {"metric": "rescales", "value": s.rescales, "unit": "count", **params},
             {
                 "metric": "avg_jct_vs_static",
