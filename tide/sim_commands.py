@@ -540,7 +540,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--seeds",
                 help="Workload seeds, e.g. 0,1,2: the built-in workload's draws, or which jobs "
-                "of a Philly or ITP trace are elastic (other traces do not depend on it).",
+                "of a Philly or ITP trace are elastic (other traces do not depend on it); each "
+                "workload also gets its seed's measurement noise and faults.",
             ),
         ] = "0",
         fmt: FormatOpt = "auto",
@@ -557,7 +558,10 @@ def register(app: typer.Typer) -> None:
         node_mtbf_h: MtbfOpt = None,
         outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
-        out: OutOpt = Path("tide-tune-out"),
+        out: Annotated[
+            Path,
+            typer.Option("--out", help="Folder for best-policy.yaml, trials.csv and trials.json."),
+        ] = Path("tide-tune-out"),
     ) -> None:
         """Search policy parameters; write the best policy and a table of trials."""
         try:
