@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
+from operator import attrgetter
 
 import numpy as np
 import numpy.typing as npt
@@ -249,13 +250,14 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
         table, allocation, damped, budgets=budgets, policy=policy
     )
     decisions.extend(held)
-    decisions.sort(key=lambda d: d.job)
+    decisions.sort(key=_JOB)
     return Plan(decisions=tuple(decisions), changes=tuple(changes))
 
 
 # Passes of budgets -> allocation -> damping when queues give GPUs back: the second sees what
 # the first gave back in whole replicas; a third is rare.
 _BUDGET_PASSES = 3
+_JOB = attrgetter("job")  # a decision's job: the sort key of a plan's decisions
 
 
 def _leave_waiting(
