@@ -44,6 +44,7 @@ from simulations.cluster_config import ClusterSpec
 from simulations.errors import SearchSpaceError
 from simulations.parallel import results_as_done
 from simulations.report import Summary, summarize
+from simulations.run import Progress
 
 # Numeric policy fields only (the objective is a choice of words, not a number to search).
 _TOP = {f.name for f in dataclasses.fields(ElasticPolicy)} - {
@@ -322,12 +323,36 @@ def _queue_with(queue: QueuePolicy, fields: Mapping[str, float]) -> QueuePolicy:
     )
 
 
-def _trial(policy: ElasticPolicy, seeded: Sequence[Seeded], cluster: ClusterSpec) -> list[Summary]:
+def _trial(
+    policy: ElasticPolicy,
+    seeded: Sequence[Seeded],
+    cluster: ClusterSpec,
+    progress: Callable[[float], None] | None = None,
+) -> list[Summary]:
+    """One trial: the policy on every workload; ``progress`` is told the share of the trial's
+    jobs finished so far (all workloads together) while it runs."""
     run = PolicyRun("tide", "tide", policy)
-    return [
-        summarize(run_one(run, workload=one.workload, cluster=cluster, options=one.options))
-        for one in seeded
-    ]
+    total = sum(len(one.workload.jobs) for one in seeded) or 1
+    before = 0
+    summaries = []
+    for one in seeded:
+        tell = None if progress is None else _share_of(progress, before=before, total=total)
+        result = run_one(
+            run, workload=one.workload, cluster=cluster, options=one.options, progress=tell
+        )
+        summaries.append(summarize(result))
+        before += len(one.workload.jobs)
+    return summaries
+
+
+def _share_of(progress: Callable[[float], None], *, before: int, total: int) -> Progress:
+    """A run's progress callback telling ``progress`` the share of a trial's ``total`` jobs
+    finished, ``before`` of them in its earlier workloads."""
+
+    def tell(done: int, jobs: int, now_s: float) -> None:
+        progress((before + done) / total)
+
+    return tell
 
 
 def objective_of(summaries: Sequence[Summary], objective: str) -> float:
@@ -380,7 +405,8 @@ def tune(
     cluster: ClusterSpec,
     out_dir: Path,
     workers: int = 2,
-    on_trial: Callable[[int, int], None] | None = None,
+    on_trial: Callable[[int, int, int], None] | None = None,
+    on_progress: Callable[[int, float], None] | None = None,
 ) -> TuneResult:
     """Run every candidate; append each finished trial to ``out_dir/trials.csv``.
 
@@ -396,7 +422,9 @@ def tune(
         cluster: the cluster.
         out_dir: where ``trials.csv`` goes.
         workers: worker processes.
-        on_trial: called with (finished, total) after each trial.
+        on_trial: called with (finished, total, the trial's index) after each trial.
+        on_progress: called with (trial index, share of its jobs finished) while trials run
+            (at most every ``run.PROGRESS_EVERY_S`` per workload).
 
     Returns:
         The best trial that meets the space's constraints, and every finished trial.
@@ -418,7 +446,9 @@ def tune(
         writer.writerow(["trial", *names, space.objective, *bounded, *met])
         f.flush()
         try:
-            for index, summaries in results_as_done(_trial, calls, workers=workers):
+            for index, summaries in results_as_done(
+                _trial, calls, workers=workers, on_progress=on_progress
+            ):
                 trial = _judge(index, todo[index], summaries, space)
                 finished.append(trial)
                 writer.writerow(
@@ -428,7 +458,7 @@ def tune(
                 )
                 f.flush()
                 if on_trial is not None:
-                    on_trial(len(finished), len(todo))
+                    on_trial(len(finished), len(todo), index)
         except KeyboardInterrupt:
             interrupted = True  # the workers are already stopped; the finished trials count
     # In planned order, not the order the workers finished in: a tie then goes to the trial

@@ -38,6 +38,7 @@ from simulations.run import RunOptions
 from simulations.tune import (
     SearchSpace,
     TuneResult,
+    candidates,
     check_values,
     distinct_sets,
     load_search_space,
@@ -607,12 +608,26 @@ def register(app: typer.Typer) -> None:
                 console=console,
                 auto_refresh=False,  # no refresh thread while worker processes are forked
             ) as progress:
-                task = progress.add_task("tune", total=None)
+                task = progress.add_task("tune", total=len(candidates(space)))
                 progress.refresh()
+                # The bar counts finished trials, and the share of each running trial's jobs
+                # finished so far: a trial on a long trace takes minutes.
+                running: dict[int, float] = {}
+                ended: set[int] = set()
 
-                def on_trial(done: int, total: int) -> None:
-                    progress.update(task, completed=done, total=total)
+                def show() -> None:
+                    progress.update(task, completed=len(ended) + sum(running.values()))
                     progress.refresh()
+
+                def on_trial(done: int, total: int, index: int) -> None:
+                    ended.add(index)
+                    running.pop(index, None)
+                    show()
+
+                def on_progress(index: int, share: float) -> None:
+                    if index not in ended:  # a report can arrive after its trial's result
+                        running[index] = share
+                        show()
 
                 result = tune(
                     space=space,
@@ -622,6 +637,7 @@ def register(app: typer.Typer) -> None:
                     out_dir=out,
                     workers=workers,
                     on_trial=on_trial,
+                    on_progress=on_progress,
                 )
         except KeyboardInterrupt:
             console.print(f"interrupted; finished trials are in {out / 'trials.csv'}")

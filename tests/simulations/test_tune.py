@@ -101,7 +101,7 @@ def test_an_interrupt_keeps_the_finished_trials_and_their_best(
 def test_of_equal_trials_the_first_planned_is_best_whatever_finishes_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def last_first(fn: object, calls: list[object], workers: int) -> Iterator[tuple[int, list]]:
+    def last_first(fn: object, calls: list[object], **_: object) -> Iterator[tuple[int, list]]:
         for index in reversed(range(len(calls))):
             yield index, [SimpleNamespace(avg_jct_h=1.0)]
 
@@ -192,7 +192,7 @@ def _fake_results(
 ) -> Callable[..., Iterator[tuple[int, list[SimpleNamespace]]]]:
     """``results_as_done`` that gives trial i one workload's summary with ``figures[i]``."""
 
-    def fake(fn: object, calls: list[object], workers: int) -> Iterator[tuple[int, list]]:
+    def fake(fn: object, calls: list[object], **_: object) -> Iterator[tuple[int, list]]:
         for index in range(len(calls)):
             yield index, [SimpleNamespace(**figures[index])]
 
@@ -251,3 +251,27 @@ def test_a_bad_constraint_is_named(tmp_path: Path, constraints: str, expected: s
     text = f"parameters:\n  defaults.cooldown_s: [60]\nconstraints:\n{constraints}\n"
     with pytest.raises(SearchSpaceError, match=re.escape(expected)):
         _space_file(tmp_path, text)
+
+
+def test_a_trial_tells_the_share_of_its_jobs_finished_over_all_its_workloads(
+    tmp_path: Path,
+) -> None:
+    workloads = [load_workload(seed=s, duration_s=2 * 3600.0) for s in (0, 1)]
+    seeded = [Seeded(s, w, RunOptions()) for s, w in enumerate(workloads)]
+    shares: list[tuple[int, float]] = []
+    ended: list[int] = []
+    result = tune(
+        space=space(method="grid"),
+        base_policy=default_policy_for(BUILTIN_CLUSTER),
+        seeded=seeded,
+        cluster=BUILTIN_CLUSTER,
+        out_dir=tmp_path,
+        workers=2,
+        on_trial=lambda done, total, index: ended.append(index),
+        on_progress=lambda index, share: shares.append((index, share)),
+    )
+    assert sorted(ended) == list(range(result.planned))
+    assert shares and all(0.0 <= share <= 1.0 for _, share in shares)
+    for index in range(result.planned):  # each trial's reports only grow
+        mine = [share for i, share in shares if i == index]
+        assert mine == sorted(mine)
