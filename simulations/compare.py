@@ -3,11 +3,13 @@ JSON, a CSV of every job, and plots."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
 from rich import box
 from rich.console import Console
 from rich.measure import Measurement
@@ -19,6 +21,7 @@ from simulations.cluster_config import ClusterSpec
 from simulations.plots import plot_all
 from simulations.report import Summary, jct_lower_bound_h, summarize, write_jobs_csv
 from simulations.run import SimResult
+from simulations.tune import policy_yaml
 
 
 def fmt(value: float, digits: int = 2) -> str:
@@ -336,6 +339,14 @@ def run_comparison(
         "seeds": [one.seed for one in seeded],
         "jobs_by_seed": [len(one.workload.jobs) for one in seeded],
         "avg_jct_lower_bound_h_by_seed": bounds,
+        # What ran, so that a report can be reproduced: the whole cluster, each tide policy as
+        # its file would say it, and the run options (the seeds' differ only in their seed).
+        "cluster_spec": dataclasses.asdict(cluster),
+        "policies": {
+            run.label: yaml.safe_load(policy_yaml(run.policy)) if run.policy else run.kind
+            for run in runs
+        },
+        "run_options": dataclasses.asdict(first.options),
     }
     write_json_report(out_dir / "report.json", summaries, meta=meta, seeds=seeds)
     if json_path is not None:

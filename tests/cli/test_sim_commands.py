@@ -251,6 +251,18 @@ def test_a_tuning_trial_shows_what_simulate_shows_for_its_policy(tmp_path: Path)
     assert trial["objective"] == pytest.approx(sum(jct) / len(jct), rel=1e-12)
 
 
+def test_the_report_records_the_cluster_the_policies_and_the_run_options(tmp_path: Path) -> None:
+    args = ["simulate", "--policies", "tide,static", "--duration", "2", "--node-mtbf", "30"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "report.json").read_text())["meta"]
+    assert meta["cluster_spec"]["overcommit_factor"] == 1.2
+    assert [q["name"] for q in meta["cluster_spec"]["queues"]] == ["research", "production"]
+    assert meta["policies"]["static"] == "static"
+    assert meta["policies"]["tide"]["spec"]["interval"] == "60s"
+    assert meta["run_options"]["faults"]["node_mtbf_s"] == 30 * 3600.0
+
+
 def test_tune_refuses_a_seed_or_a_trace_given_twice(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
     space.write_text("parameters:\n  defaults.cooldown_s: [60, 600]\n")
