@@ -1,4 +1,5 @@
-"""Read the ElasticPolicy file a cluster admin writes (``apiVersion: tide.io/v1alpha1``).
+"""Read the ElasticPolicy file a cluster admin writes (``apiVersion: tide.io/v1alpha1``), and
+write one (``policy_yaml``: ``tide tune``'s best policy) that reads back as the same policy.
 
 Parsing collects every problem in a file, each naming its path and value
 (``spec.queues[1].headroom.forecastQuantile: must be between 0 and 1, got 1.5``), and raises them
@@ -8,6 +9,10 @@ together as one ``PolicyError``, so an admin fixes a file in one pass.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
 
 from scheduler_policy.errors import PolicyError
 from scheduler_policy.fields import (
@@ -217,3 +222,63 @@ def load_policy(path: str | Path) -> ElasticPolicy:
     if len(documents) != 1:
         raise PolicyError(source, [f"must hold exactly one YAML document, found {len(documents)}"])
     return parse_policy(documents[0], source=source)
+
+
+def _seconds(value: float) -> str:
+    """A duration field: every digit of ``value`` seconds and never an exponent, so that the
+    file reads back as the policy that ran (``{:g}`` wrote 1234567 s as ``1.23457e+06s``)."""
+    return f"{np.format_float_positional(value, trim='-')}s"
+
+
+def policy_document(policy: ElasticPolicy) -> dict[str, Any]:
+    """``policy`` as the document of an ElasticPolicy file, which ``parse_policy`` reads back as
+    ``policy``."""
+    d = policy.defaults
+    spec: dict[str, Any] = {
+        "interval": _seconds(policy.interval_s),
+        "modelRefitInterval": _seconds(policy.model_refit_s),
+        "objective": policy.objective.value,
+        "defaults": {
+            "tolerance": d.tolerance,
+            "restartCost": _seconds(d.restart_cost_s),
+            "cooldown": _seconds(d.cooldown_s),
+            "maxStepUp": d.max_step_up,
+            "maxStepDown": d.max_step_down,
+            "stabilizationWindow": {
+                "up": _seconds(d.window_up_s),
+                "down": _seconds(d.window_down_s),
+            },
+            "assumedRemaining": _seconds(d.assumed_remaining_s),
+        },
+        "queues": [
+            {
+                "name": q.name,
+                "elastic": q.elastic,
+                "borrowIdleGpus": q.borrow,
+                "headroom": {
+                    "gpus": q.headroom.gpus,
+                    **(
+                        {"forecastQuantile": q.headroom.forecast_quantile}
+                        if q.headroom.forecast_quantile is not None
+                        else {}
+                    ),
+                    "horizon": _seconds(q.headroom.horizon_s),
+                },
+                **(
+                    {"maxElasticGpus": q.max_elastic_gpus} if q.max_elastic_gpus is not None else {}
+                ),
+            }
+            for q in policy.queues
+        ],
+    }
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": policy.name},
+        "spec": spec,
+    }
+
+
+def policy_yaml(policy: ElasticPolicy) -> str:
+    """``policy`` as an ElasticPolicy file that ``load_policy`` reads back as ``policy``."""
+    return yaml.safe_dump(policy_document(policy), sort_keys=False)

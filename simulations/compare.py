@@ -9,19 +9,18 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
 from rich import box
 from rich.console import Console
 from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
+from scheduler_policy.policy_file import policy_document
 from simulations.api import Case, PolicyRun, Seeded, run_cases, write_json_report
 from simulations.cluster_config import ClusterSpec
 from simulations.plots import plot_all
 from simulations.report import Summary, jct_lower_bound_h, summarize, write_jobs_csv
 from simulations.run import SimResult
-from simulations.tune import policy_yaml
 
 
 def fmt(value: float, digits: int = 2) -> str:
@@ -343,8 +342,7 @@ def run_comparison(
         # its file would say it, and the run options (the seeds' differ only in their seed).
         "cluster_spec": dataclasses.asdict(cluster),
         "policies": {
-            run.label: yaml.safe_load(policy_yaml(run.policy)) if run.policy else run.kind
-            for run in runs
+            run.label: policy_document(run.policy) if run.policy else run.kind for run in runs
         },
         "run_options": dataclasses.asdict(first.options),
     }

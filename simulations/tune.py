@@ -38,7 +38,7 @@ from scheduler_policy.errors import PolicyError
 from scheduler_policy.fields import yaml_problem
 from scheduler_policy.model import QueueName
 from scheduler_policy.policy import Defaults, ElasticPolicy, QueuePolicy
-from scheduler_policy.policy_file import parse_policy
+from scheduler_policy.policy_file import parse_policy, policy_yaml
 from simulations.api import PolicyRun, Seeded, run_one
 from simulations.cluster_config import ClusterSpec
 from simulations.errors import SearchSpaceError
@@ -489,58 +489,3 @@ class TuneResult:
     trials: list[Trial]
     planned: int
     interrupted: bool = False
-
-
-def _seconds(value: float) -> str:
-    """A duration field: every digit of ``value`` seconds and never an exponent, so that the
-    file reads back as the policy that ran (``{:g}`` wrote 1234567 s as ``1.23457e+06s``)."""
-    return f"{np.format_float_positional(value, trim='-')}s"
-
-
-def policy_yaml(policy: ElasticPolicy) -> str:
-    """``policy`` as an ElasticPolicy file that ``load_policy`` reads back as ``policy``."""
-    d = policy.defaults
-    spec: dict[str, Any] = {
-        "interval": _seconds(policy.interval_s),
-        "modelRefitInterval": _seconds(policy.model_refit_s),
-        "objective": policy.objective.value,
-        "defaults": {
-            "tolerance": d.tolerance,
-            "restartCost": _seconds(d.restart_cost_s),
-            "cooldown": _seconds(d.cooldown_s),
-            "maxStepUp": d.max_step_up,
-            "maxStepDown": d.max_step_down,
-            "stabilizationWindow": {
-                "up": _seconds(d.window_up_s),
-                "down": _seconds(d.window_down_s),
-            },
-            "assumedRemaining": _seconds(d.assumed_remaining_s),
-        },
-        "queues": [
-            {
-                "name": q.name,
-                "elastic": q.elastic,
-                "borrowIdleGpus": q.borrow,
-                "headroom": {
-                    "gpus": q.headroom.gpus,
-                    **(
-                        {"forecastQuantile": q.headroom.forecast_quantile}
-                        if q.headroom.forecast_quantile is not None
-                        else {}
-                    ),
-                    "horizon": _seconds(q.headroom.horizon_s),
-                },
-                **(
-                    {"maxElasticGpus": q.max_elastic_gpus} if q.max_elastic_gpus is not None else {}
-                ),
-            }
-            for q in policy.queues
-        ],
-    }
-    doc = {
-        "apiVersion": "tide.io/v1alpha1",
-        "kind": "ElasticPolicy",
-        "metadata": {"name": policy.name},
-        "spec": spec,
-    }
-    return yaml.safe_dump(doc, sort_keys=False)

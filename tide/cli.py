@@ -22,7 +22,7 @@ from scheduler_policy.observation_file import (
 )
 from scheduler_policy.policy import ElasticPolicy
 from scheduler_policy.policy_file import load_policy
-from tide import policy_commands, sim_commands
+from tide import policy_commands, sim_commands, tune_command
 
 app = typer.Typer(
     name="tide",
@@ -32,6 +32,7 @@ app = typer.Typer(
 )
 policy_commands.register(app)
 sim_commands.register(app)
+tune_command.register(app)
 
 
 def plan_observation(*, observation: Observation, policy: ElasticPolicy) -> Plan:

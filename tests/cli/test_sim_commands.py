@@ -12,10 +12,11 @@ import typer
 from typer.testing import CliRunner
 
 from tests.simulations.helpers import interrupt_after_first
-from tide import sim_commands
+from tide import sim_commands, tune_command
 
 app = typer.Typer()
 sim_commands.register(app)
+tune_command.register(app)
 runner = CliRunner()
 POLICY = """apiVersion: tide.io/v1alpha1
 kind: ElasticPolicy
@@ -524,7 +525,7 @@ def test_tune_seeds_draw_a_philly_trace_once_per_seed(
         seen.append(len(kwargs["seeded"]))  # type: ignore[arg-type]
         raise Stop
 
-    monkeypatch.setattr(sim_commands, "tune", fake_tune)
+    monkeypatch.setattr(tune_command, "tune", fake_tune)
     args = ["tune", str(space), "--trace", str(trace), "--seeds", "0,1,2"]
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "o")])
     assert isinstance(result.exception, Stop)
@@ -551,7 +552,7 @@ def test_tune_takes_the_replay_options_of_simulate(
         seen.update(kwargs)
         raise Stop
 
-    monkeypatch.setattr(sim_commands, "tune", fake_tune)
+    monkeypatch.setattr(tune_command, "tune", fake_tune)
     more = ["--skip-bad-rows", "--quiet-interval", "600", "--horizon", "2", "--node-mtbf", "50"]
     more += ["--metrics-outage-every", "6"]
     result = runner.invoke(app, [*args, *more])

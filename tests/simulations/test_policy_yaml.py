@@ -10,10 +10,9 @@ from hypothesis import strategies as st
 
 from scheduler_policy.model import QueueName
 from scheduler_policy.policy import Defaults, ElasticPolicy, Headroom, Objective, QueuePolicy
-from scheduler_policy.policy_file import parse_policy
+from scheduler_policy.policy_file import parse_policy, policy_yaml
 from simulations.api import default_policy_for
 from simulations.cluster_config import BUILTIN_CLUSTER
-from simulations.tune import policy_yaml
 
 
 def test_policy_yaml_round_trips():

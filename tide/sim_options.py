@@ -1,0 +1,255 @@
+"""What ``tide simulate``, ``tide compare`` and ``tide tune`` share: their options, the run
+options and the workloads those give, and the console they print on."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from scheduler_policy.policy import ElasticPolicy
+from simulations.api import (
+    SEEDED_FORMATS,
+    Seeded,
+    detect_format,
+    load_workload,
+    policy_queue_warnings,
+)
+from simulations.cluster_config import ClusterSpec
+from simulations.faults import FaultOptions
+from simulations.run import RunOptions
+from simulations.workload import DEFAULT_DURATION_S, DEFAULT_LOAD, Workload
+
+DEFAULT_DURATION_H = DEFAULT_DURATION_S / 3600
+
+console = Console()
+
+TraceOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--trace",
+        help="Trace file (tide CSV/JSONL, Pollux, Philly, ITP "
+        "tarball); default: the built-in workload.",
+    ),
+]
+FormatOpt = Annotated[
+    str, typer.Option("--format", help="Trace format: auto|tide|pollux|philly|itp.")
+]
+MemberOpt = Annotated[str, typer.Option("--member", help="Cluster file inside an ITP tarball.")]
+ClusterOpt = Annotated[
+    Path | None, typer.Option("--cluster", help="Cluster file (YAML); default: built-in 8x4 GPUs.")
+]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of workload, noise and faults.")]
+SeedsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--seeds",
+        help="Several seeds instead of --seed, e.g. 0,1,2: every policy on each seed's "
+        "workload; the table shows medians over them.",
+    ),
+]
+DurationOpt = Annotated[
+    float, typer.Option("--duration", help="Arrival window of the built-in workload, hours.")
+]
+LoadOpt = Annotated[
+    float,
+    typer.Option(
+        "--load",
+        help="Offered load of the built-in workload: GPUs its jobs ask for, averaged over the "
+        f"window, as a share of the cluster's (default {DEFAULT_LOAD:g}, a busy cluster).",
+    ),
+]
+HorizonOpt = Annotated[
+    float | None, typer.Option("--horizon", help="Stop the simulation at this time, hours.")
+]
+SkipOpt = Annotated[
+    bool, typer.Option("--skip-bad-rows", help="Skip and count bad trace rows instead of failing.")
+]
+OutOpt = Annotated[Path, typer.Option("--out", help="Folder for the report and plots.")]
+JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here.")]
+MtbfOpt = Annotated[
+    float | None, typer.Option("--node-mtbf", help="Mean time between failures per node, hours.")
+]
+OutageOpt = Annotated[
+    float | None,
+    typer.Option("--metrics-outage-every", help="Mean time between metrics outages, hours."),
+]
+SimWorkersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        min=1,
+        help="Processes the policies run in at once; default: one per CPU, at most one per "
+        "policy. The results do not depend on it.",
+    ),
+]
+QuietOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--quiet-interval",
+        help="Longest gap between reconciles while nothing "
+        "happens, seconds (default: the interval).",
+    ),
+]
+
+
+def seed_list(text: str) -> list[int]:
+    """``--seeds`` as integers: comma-separated, each >= 0, none twice.
+
+    Raises:
+        typer.BadParameter: an entry that is not a non-negative integer, or a seed given twice,
+            named.
+    """
+    seeds = []
+    for item in text.split(","):
+        try:
+            seed = int(item)
+        except ValueError:
+            seed = -1
+        if seed < 0:
+            raise typer.BadParameter(
+                f"{item.strip()!r} is not a non-negative integer (write e.g. 0,1,2)",
+                param_hint="--seeds",
+            )
+        seeds.append(seed)
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        raise typer.BadParameter(f"seed {twice[0]} is given twice", param_hint="--seeds")
+    return seeds
+
+
+def chosen_seeds(seed: int, seeds: str | None) -> list[int]:
+    """The seeds to run: ``--seeds`` if given (then ``--seed`` must be left out), else ``--seed``.
+
+    Raises:
+        typer.BadParameter: both given, a bad entry, or a seed given twice.
+    """
+    if seeds is None:
+        return [seed]
+    if seed != 0:
+        raise typer.BadParameter("give --seed or --seeds, not both", param_hint="--seeds")
+    return seed_list(seeds)
+
+
+def worker_count(asked: int | None, runs: int) -> int:
+    """``--workers``, or one process per CPU this process may use, at most one per run."""
+    if asked is not None:
+        return asked
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(runs, cpus or 1))
+
+
+def warn_policy(policy: ElasticPolicy, cluster: ClusterSpec) -> None:
+    """Print what a user should know before simulating ``policy`` on ``cluster``."""
+    for warning in policy_queue_warnings(policy, cluster):
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def run_options(
+    *,
+    seed: int,
+    horizon_h: float | None,
+    mtbf_h: float | None,
+    outage_h: float | None,
+    quiet_s: float | None,
+) -> RunOptions:
+    """The run options the flags give for one seed (its faults and measurement noise).
+
+    Raises:
+        typer.BadParameter: a flag that is not a finite positive number, named with its unit
+            and what leaving it out means.
+    """
+    for flag, value, unit, unset in (
+        ("--horizon", horizon_h, "hours", "to run every job to its end"),
+        ("--node-mtbf", mtbf_h, "hours", "for no node failures"),
+        ("--metrics-outage-every", outage_h, "hours", "for no outages"),
+        ("--quiet-interval", quiet_s, "seconds", "for the policy's interval"),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise typer.BadParameter(
+                f"must be a finite number of {unit} > 0, got {value:g} (leave it out {unset})",
+                param_hint=flag,
+            )
+    faults = FaultOptions(
+        node_mtbf_s=mtbf_h * 3600 if mtbf_h is not None else None,
+        outage_every_s=outage_h * 3600 if outage_h is not None else None,
+        seed=seed,
+    )
+    base = RunOptions()
+    return RunOptions(
+        horizon_s=horizon_h * 3600 if horizon_h is not None else None,
+        faults=faults,
+        metrics=dataclasses.replace(base.metrics, seed=seed),
+        quiet_interval_s=quiet_s,
+    )
+
+
+def trace_seeds(trace: Path, fmt: str, seeds: list[int]) -> list[int]:
+    """The seeds a trace is worth loading with: Philly and ITP traces give each job an
+    elasticity and a job type by seed; the others are the same whatever the seed (one load)."""
+    detected = detect_format(trace) if fmt == "auto" else fmt
+    return seeds if detected in SEEDED_FORMATS else seeds[:1]
+
+
+def seeded_workloads(
+    *,
+    trace: Path | None,
+    fmt: str,
+    member: str,
+    seeds: list[int],
+    cluster: ClusterSpec,
+    duration_h: float,
+    load: float,
+    skip_bad_rows: bool,
+    options: Callable[[int], RunOptions],
+) -> list[Seeded]:
+    """Each seed's workload (``trace``, or the built-in workload's draw when it is None) with
+    that seed's run options."""
+    return [
+        Seeded(
+            s,
+            load_workload(
+                trace=trace,
+                trace_format=fmt,
+                member=member,
+                seed=s,
+                duration_s=duration_h * 3600,
+                load=load,
+                cluster_gpus=cluster.total_gpus,
+                skip_bad_rows=skip_bad_rows,
+                gpus_per_node=cluster.gpus_per_node,
+            ),
+            options(s),
+        )
+        for s in seeds
+    ]
+
+
+LONG_TRACE_DAYS = 7.0
+"""Arrivals spanning more days than this get the ``--quiet-interval`` tip."""
+
+
+def long_trace_tip(workloads: list[Workload], quiet_s: float | None) -> None:
+    """Point a long replay without ``--quiet-interval`` at it (once, for the longest)."""
+    if quiet_s is not None:
+        return
+    days = max(
+        (
+            (max(j.submit_s for j in w.jobs) - min(j.submit_s for j in w.jobs)) / 86400.0
+            for w in workloads
+            if w.jobs
+        ),
+        default=0.0,
+    )
+    if days > LONG_TRACE_DAYS:
+        console.print(
+            f"[dim]tip: arrivals span {days:.0f} days; --quiet-interval 600 lets reconciles "
+            "space out to 10 minutes while nothing happens: faster on long traces, with the "
+            "engine deciding less often while the cluster is quiet[/dim]"
+        )
