@@ -133,19 +133,29 @@ def load_search_space(path: Path) -> SearchSpace:
     if objective not in FIGURES:
         raise SearchSpaceError(f"{path}: objective: {_not_a_figure(objective)}")
     constraints = _load_constraints(data.get("constraints"), path)
+    choices, ranges = _load_parameters(data["parameters"], method, path)
+    trials = int(data.get("trials", 20))
+    return SearchSpace(
+        method,
+        trials,
+        int(data.get("seed", 0)),
+        objective,
+        choices,
+        ranges,
+        source=str(path),
+        constraints=constraints,
+    )
+
+
+def _load_parameters(
+    raw: dict[object, object], method: str, path: Path
+) -> tuple[dict[str, tuple[float, ...]], dict[str, tuple[float, float]]]:
+    """The ``parameters`` section: each a list of numbers, or (random search) ``{min, max}``."""
     choices: dict[str, tuple[float, ...]] = {}
     ranges: dict[str, tuple[float, float]] = {}
-    for name, spec in data["parameters"].items():
+    for name, spec in raw.items():
         if not isinstance(name, str) or not _is_param(name):
-            parts = str(name).split(".")
-            queue = parts[1] if parts[0] == "queues" and len(parts) > 2 else "QUEUE"
-            known = sorted(
-                [*_TOP, *(f"defaults.{d}" for d in _DEFAULTS)]
-                + [f"queues.{queue}.{f}" for f in _QUEUE_FIELDS]
-            )
-            close = difflib.get_close_matches(str(name), known, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else f"; one of {', '.join(known)}"
-            raise SearchSpaceError(f"{path}: parameters.{name}: not a policy parameter{hint}")
+            raise SearchSpaceError(f"{path}: parameters.{name}: {_not_a_parameter(name)}")
         numbers = list(spec.values()) if isinstance(spec, dict) else spec
         if not isinstance(numbers, list):
             numbers = []
@@ -170,17 +180,20 @@ def load_search_space(path: Path) -> SearchSpace:
                 + (" or {min, max}" if method == "random" else "")
                 + f", got {spec!r}"
             )
-    trials = int(data.get("trials", 20))
-    return SearchSpace(
-        method,
-        trials,
-        int(data.get("seed", 0)),
-        objective,
-        choices,
-        ranges,
-        source=str(path),
-        constraints=constraints,
+    return choices, ranges
+
+
+def _not_a_parameter(name: object) -> str:
+    """Why ``name`` is refused, with the closest parameter (a queue's field: of that queue)."""
+    parts = str(name).split(".")
+    queue = parts[1] if parts[0] == "queues" and len(parts) > 2 else "QUEUE"
+    known = sorted(
+        [*_TOP, *(f"defaults.{d}" for d in _DEFAULTS)]
+        + [f"queues.{queue}.{f}" for f in _QUEUE_FIELDS]
     )
+    close = difflib.get_close_matches(str(name), known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; one of {', '.join(known)}"
+    return f"not a policy parameter{hint}"
 
 
 def _not_a_figure(name: object) -> str:
