@@ -1,0 +1,60 @@
+"""The comparison's plots: every policy stays visible when curves coincide."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from simulations.api import PolicyRun, load_workload, run_one
+from simulations.cluster_config import BUILTIN_CLUSTER
+from simulations.plots import cdf_curves, plot_all
+from simulations.run import RunOptions, SimResult
+
+
+@pytest.fixture(scope="module")
+def static_run() -> SimResult:
+    workload = load_workload(seed=0, duration_s=3 * 3600.0)
+    return run_one(
+        PolicyRun("static", "static"), workload=workload, cluster=BUILTIN_CLUSTER,
+        options=RunOptions(),
+    )  # fmt: skip
+
+
+def test_a_curve_equal_to_an_earlier_one_says_whose(static_run: SimResult) -> None:
+    twin = dataclasses.replace(static_run, policy="twin")
+    slower = dataclasses.replace(
+        static_run,
+        policy="slower",
+        jobs=tuple(
+            dataclasses.replace(j, end_s=j.end_s + 600.0) if j.end_s is not None else j
+            for j in static_run.jobs
+        ),
+    )
+    labels = [label for _, label, _ in cdf_curves([static_run, slower, twin])]
+    assert labels[0].startswith("static: avg ")
+    assert "same curve" not in labels[1]
+    assert labels[2].endswith("(same curve as static)")
+
+
+def test_a_run_without_finished_jobs_draws_no_curve(static_run: SimResult) -> None:
+    unfinished = dataclasses.replace(
+        static_run,
+        policy="stuck",
+        jobs=tuple(dataclasses.replace(j, end_s=None) for j in static_run.jobs),
+    )
+    assert [i for i, _, _ in cdf_curves([unfinished, static_run])] == [1]
+
+
+def test_utilization_has_one_panel_per_policy(static_run: SimResult, tmp_path: Path) -> None:
+    heights = []
+    for count in (1, 3):
+        out = tmp_path / str(count)
+        runs = [dataclasses.replace(static_run, policy=f"p{i}") for i in range(count)]
+        written = plot_all(runs, out)
+        assert [p.name for p in written] == ["jct_cdf.png", "utilization.png", "replicas.png"]
+        heights.append(matplotlib.image.imread(out / "utilization.png").shape[0])
+    # Each panel adds the same height: three panels are much taller than one.
+    assert heights[1] > 2 * heights[0]
