@@ -166,6 +166,8 @@ def register(app: typer.Typer) -> None:
         load: LoadOpt = DEFAULT_LOAD,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
+        node_mtbf_h: MtbfOpt = None,
+        outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
         workers: SimWorkersOpt = None,
         out: OutOpt = Path("tide-compare-out"),
@@ -184,7 +186,11 @@ def register(app: typer.Typer) -> None:
                 load=load,
                 skip_bad_rows=skip_bad_rows,
                 options=lambda s: run_options(
-                    seed=s, horizon_h=horizon_h, mtbf_h=None, outage_h=None, quiet_s=quiet_s
+                    seed=s,
+                    horizon_h=horizon_h,
+                    mtbf_h=node_mtbf_h,
+                    outage_h=outage_h,
+                    quiet_s=quiet_s,
                 ),
             )
             runs: list[PolicyRun] = []

@@ -407,6 +407,29 @@ def test_simulate_says_what_faults_it_injected(tmp_path: Path) -> None:
     assert all(s["node_failures"] > 0 and s["metrics_outages"] > 0 for s in doc["summaries"])
 
 
+def test_compare_injects_the_same_faults_as_simulate(tmp_path: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text(POLICY % ("p", "60s"))
+    faults = ["--duration", "2", "--node-mtbf", "6", "--metrics-outage-every", "1", "--seed", "4"]
+    compared = runner.invoke(
+        app, ["compare", str(policy), *faults, "--out", str(tmp_path / "c"),
+              "--json", str(tmp_path / "c.json")],
+    )  # fmt: skip
+    assert compared.exit_code == 0, compared.output
+    assert "faults injected (seed 4)" in " ".join(compared.output.split())
+    simulated = runner.invoke(
+        app, ["simulate", "--policies", "tide", "--policy", str(policy), *faults,
+              "--out", str(tmp_path / "s"), "--json", str(tmp_path / "s.json")],
+    )  # fmt: skip
+    assert simulated.exit_code == 0, simulated.output
+    (c,) = json.loads((tmp_path / "c.json").read_text())["summaries"]
+    (s,) = json.loads((tmp_path / "s.json").read_text())["summaries"]
+    assert c["node_failures"] > 0 and c["metrics_outages"] > 0
+    assert {k: v for k, v in c.items() if k not in ("policy", "wall_s")} == {
+        k: v for k, v in s.items() if k not in ("policy", "wall_s")
+    }
+
+
 def test_simulate_gives_the_same_report_in_one_process_and_in_two(tmp_path: Path) -> None:
     docs = []
     for workers in ("1", "2"):
