@@ -122,8 +122,8 @@ def allocate(
     steps = np.arange(1, width + 1, dtype=np.float64)
     k = lo[:, None] + steps[None, :]  # the replica count each increment reaches
     valid = steps[None, :] <= (hi - lo)[:, None]
-    x_prev = _curve(table, k - 1)
-    x_new = _curve(table, k)
+    x_all = _curve(table, lo[:, None] + np.arange(width + 1, dtype=np.float64)[None, :])
+    x_prev, x_new = x_all[:, :-1], x_all[:, 1:]  # before and after each increment
     existing = k <= cur[:, None]
 
     # Time saved by the k-th replica over the remaining run, against the restart it costs:
@@ -167,12 +167,11 @@ def allocate(
     asked = k[rows, cols] <= table.current[rows]  # the job's spec already asks for it
     item_must = must[rows, cols] if must is not None else np.zeros(len(rows), dtype=bool)
     item_queue = qidx[rows]
-    # Sort by (queue, growth, -value): a stable sort on the value, then a stable one on the
-    # small-integer major key (numpy radix-sorts 16-bit keys), faster than lexsort here.
-    # Replicas a job must keep come first among the running ones.
-    by_value = np.argsort(
-        -(np.where(item_must, np.inf, item_value) if must is not None else item_value),
-        kind="stable",
+    # Sort by (queue, growth, -value): a stable sort on the value (``best_first``), then a
+    # stable one on the small-integer major key (numpy radix-sorts 16-bit keys), faster than
+    # lexsort here. Replicas a job must keep come first among the running ones.
+    by_value = best_first(
+        np.where(item_must, np.inf, item_value) if must is not None else item_value
     )
     major = (item_queue * 2 + growth)[by_value]
     if len(table.queue_names) < 2**14:
@@ -225,7 +224,7 @@ def allocate(
     for tier in (asked, ~asked):
         grow = np.flatnonzero(accepted & growth & tier)
         if len(grow):
-            g_order = grow[np.argsort(-item_value[grow], kind="stable")]
+            g_order = grow[best_first(item_value[grow])]
             spent = np.cumsum(item_gpus[g_order])
             fits = spent <= pool + GPU_EPSILON
             accepted[g_order[~fits]] = False
@@ -273,6 +272,27 @@ def allocate(
         next_gains = np.where(x_target > 0, x_next / x_target - 1.0, 0.0)
     next_gains = np.where(targets < hi, next_gains, 0.0)
     return Allocation(t_int, reasons, forced, gains, next_gains)
+
+
+def best_first(values: FloatArray) -> IntArray:
+    """Indices that order ``values`` from the largest, equal ones (NaN last) in index order:
+    ``np.argsort(-values, kind="stable")``, in a third less time at tens of thousands of items.
+
+    numpy's default sort of floats is a vectorised quicksort, several times faster than its
+    stable sort; its order among equal values is then restored by one sort of unique integers
+    (the run of equal values times the count, plus the index), which needs no stability.
+    """
+    count = len(values)
+    if count < 2:
+        return np.arange(count, dtype=np.int64)
+    keys = -values
+    order = np.argsort(keys)
+    ranked = keys[order]
+    same = ranked[1:] == ranked[:-1]
+    same |= np.isnan(ranked[1:]) & np.isnan(ranked[:-1])
+    run = np.zeros(count, dtype=np.int64)
+    np.cumsum(~same, out=run[1:])
+    return np.sort(run * count + order) % count
 
 
 def _trade(
