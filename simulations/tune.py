@@ -17,6 +17,8 @@ A search space (YAML) names the parameters and their values::
 Every value must be one the policy file accepts (``check_values``), so that every trial runs a
 policy tide could write, and the best one is written as a file that reads back to it.
 Trials are appended to ``trials.csv`` as they finish, so an interrupted search keeps them.
+The base policy runs too, first, on the same workloads: the reference every trial is measured
+against, and the best policy when no trial beats it.
 """
 
 from __future__ import annotations
@@ -381,16 +383,21 @@ def figure_of(summaries: Sequence[Summary], figure: str) -> float:
     return float(np.mean(values)) if values else math.nan
 
 
+# The index of the base policy's run, which sets no parameter.
+BASE = -1
+
+
 @dataclass(frozen=True, slots=True)
 class Trial:
-    """One finished trial.
+    """One finished trial, or the base policy's run (``index`` ``BASE``, no ``params``).
 
     Attributes:
-        index: its place among the planned trials (``candidates``).
+        index: its place among the planned trials (``candidates``); ``BASE`` for the base.
         params: the parameters it set.
         objective: the objective, averaged over workloads (``objective_of``).
         figures: each constrained figure, averaged over workloads (``figure_of``).
         meets: whether every figure is within its constraint (a NaN figure is not).
+        by_workload: the objective on each workload, in the order they were given.
     """
 
     index: int
@@ -398,6 +405,12 @@ class Trial:
     objective: float
     figures: dict[str, float]
     meets: bool
+    by_workload: tuple[float, ...] = ()
+
+    @property
+    def is_base(self) -> bool:
+        """Whether this is the base policy's run."""
+        return self.index == BASE
 
 
 def _judge(
@@ -407,7 +420,25 @@ def _judge(
     meets = all(
         low <= figures[name] <= high for name, (low, high) in space.constraints.items()
     )  # NaN compares False: a figure no workload has meets no constraint
-    return Trial(index, params, objective_of(summaries, space.objective), figures, meets)
+    by_workload = tuple(float(getattr(one, space.objective)) for one in summaries)
+    return Trial(
+        index, params, objective_of(summaries, space.objective), figures, meets, by_workload
+    )
+
+
+def param_value(policy: ElasticPolicy, name: str) -> float | None:
+    """The value ``policy`` has for the parameter ``name`` (None: a field left unset, such as a
+    queue's forecast quantile)."""
+    queue = _queue_param(name)
+    if queue is not None:
+        found = next(q for q in policy.queues if q.name == queue[0])
+        owner: Any = found.headroom if queue[1].startswith("headroom.") else found
+        value = getattr(owner, queue[1].removeprefix("headroom."))
+    elif name.startswith("defaults."):
+        value = getattr(policy.defaults, name.removeprefix("defaults."))
+    else:
+        value = getattr(policy, name)
+    return None if value is None else float(value)
 
 
 def tune(
@@ -421,7 +452,8 @@ def tune(
     on_trial: Callable[[int, int, int], None] | None = None,
     on_progress: Callable[[int, float], None] | None = None,
 ) -> TuneResult:
-    """Run every candidate; append each finished trial to ``out_dir/trials.csv``.
+    """Run the base policy and every candidate; append each finished run to
+    ``out_dir/trials.csv`` (the base's row says ``base`` and gives its values).
 
     An interrupt (Ctrl-C) stops every trial not finished at once, and returns what finished,
     marked ``interrupted``.
@@ -435,12 +467,14 @@ def tune(
         cluster: the cluster.
         out_dir: where ``trials.csv`` goes.
         workers: worker processes.
-        on_trial: called with (finished, total, the trial's index) after each trial.
+        on_trial: called with (finished, total, the trial's index) after each run, the
+            base's included (index ``BASE``; ``total`` counts it).
         on_progress: called with (trial index, share of its jobs finished) while trials run
             (at most every ``run.PROGRESS_EVERY_S`` per workload).
 
     Returns:
-        The best trial that meets the space's constraints, and every finished trial.
+        The best run that meets the space's constraints (the base policy's when no trial
+        beats it), the base's run, and every finished trial.
 
     Raises:
         SearchSpaceError: a value the policy file would refuse (``check_values``); nothing runs.
@@ -451,36 +485,54 @@ def tune(
     names = sorted({n for c in todo for n in c})
     bounded = [n for n in space.constraints if n != space.objective]
     finished: list[Trial] = []
+    base: Trial | None = None
     interrupted = False
-    calls = [(apply_params(base_policy, p), seeded, cluster) for p in todo]
+    # The base runs first (call 0): the reference is there early, even if the search is
+    # interrupted; trial i is call i + 1.
+    plans = [{}, *todo]
+    calls = [(apply_params(base_policy, p), seeded, cluster) for p in plans]
+    base_values = {n: param_value(base_policy, n) for n in names}
+
+    def progress(call: int, share: float) -> None:
+        if on_progress is not None:
+            on_progress(call - 1, share)
+
     with (out_dir / "trials.csv").open("w", newline="") as f:
         writer = csv.writer(f)
         met = ["meets_constraints"] if space.constraints else []
         writer.writerow(["trial", *names, space.objective, *bounded, *met])
         f.flush()
         try:
-            for index, summaries in results_as_done(
-                _trial, calls, workers=workers, on_progress=on_progress
+            for call, summaries in results_as_done(
+                _trial, calls, workers=workers, on_progress=progress
             ):
-                trial = _judge(index, todo[index], summaries, space)
-                finished.append(trial)
+                trial = _judge(call - 1, plans[call], summaries, space)
+                if trial.is_base:
+                    base = trial
+                    row: list[object] = [
+                        "base",
+                        *("" if v is None else v for v in base_values.values()),
+                    ]
+                else:
+                    finished.append(trial)
+                    row = [trial.index, *(trial.params.get(n, "") for n in names)]
                 writer.writerow(
-                    [index, *(trial.params.get(n, "") for n in names), trial.objective]
+                    [*row, trial.objective]
                     + [trial.figures[n] for n in bounded]
                     + ([trial.meets] if space.constraints else [])
                 )
                 f.flush()
                 if on_trial is not None:
-                    on_trial(len(finished), len(todo), index)
+                    on_trial(len(finished) + (base is not None), len(calls), trial.index)
         except KeyboardInterrupt:
             interrupted = True  # the workers are already stopped; the finished trials count
     # In planned order, not the order the workers finished in: a tie then goes to the trial
-    # planned first, whatever the timing.
+    # planned first, whatever the timing, and to the base policy before any trial.
     finished.sort(key=lambda t: t.index)
-    eligible = [t for t in finished if t.meets]
+    eligible = [t for t in ([base] if base is not None else []) + finished if t.meets]
     best = min(eligible, key=lambda t: t.objective) if eligible else None
     policy = apply_params(base_policy, best.params) if best is not None else base_policy
-    return TuneResult(policy, best, finished, len(todo), interrupted)
+    return TuneResult(policy, best, finished, len(todo), interrupted, base)
 
 
 @dataclass(frozen=True, slots=True)
@@ -489,12 +541,14 @@ class TuneResult:
 
     Attributes:
         best: the base policy with the best trial's parameters (the base policy itself when
-            no finished trial meets the constraints).
-        best_trial: the finished trial with the lowest objective among those that meet the
-            constraints (of equal ones, the first planned); None when there is none.
+            the best is the base's run, or no finished run meets the constraints).
+        best_trial: the finished run with the lowest objective among those that meet the
+            constraints (of equal ones, the base's, then the first planned); None when there
+            is none. It is ``base`` when no trial beats the base policy.
         trials: every finished trial, in the order they were planned (``candidates``).
-        planned: how many trials were to run.
+        planned: how many trials were to run (the base's run not counted).
         interrupted: whether an interrupt stopped the search before every trial finished.
+        base: the base policy's run; None if an interrupt stopped it first.
     """
 
     best: ElasticPolicy
@@ -502,3 +556,4 @@ class TuneResult:
     trials: list[Trial]
     planned: int
     interrupted: bool = False
+    base: Trial | None = None

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from scheduler_policy.errors import TideError
+from scheduler_policy.policy import ElasticPolicy
 from scheduler_policy.policy_file import load_policy, policy_yaml
 from simulations.api import Seeded, default_policy_for
 from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
@@ -24,11 +25,13 @@ from simulations.errors import SimulationError
 from simulations.run import RunOptions
 from simulations.tune import (
     SearchSpace,
+    Trial,
     TuneResult,
     candidates,
     check_values,
     distinct_sets,
     load_search_space,
+    param_value,
     tune,
 )
 from simulations.workload import DEFAULT_LOAD
@@ -100,16 +103,39 @@ def _json_number(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _trial_record(
+    space: SearchSpace, trial: Trial, base: ElasticPolicy, seeded: list[Seeded]
+) -> dict[str, object]:
+    """A run as trials.json gives it: the base's run says ``base`` and gives its values."""
+    params: dict[str, float | None] = dict(trial.params)
+    if trial.is_base:
+        params = {n: param_value(base, n) for n in sorted({*space.choices, *space.ranges})}
+    record: dict[str, object] = {
+        "trial": "base" if trial.is_base else trial.index,
+        "params": params,
+        "objective": _json_number(trial.objective),
+        "by_workload": [
+            {"workload": one.workload.name, "seed": one.seed, space.objective: _json_number(v)}
+            for one, v in zip(seeded, trial.by_workload, strict=True)
+        ],
+    }
+    if space.constraints:
+        record["figures"] = {n: _json_number(v) for n, v in trial.figures.items()}
+        record["meets_constraints"] = trial.meets
+    return record
+
+
 def _bound_text(low: float, high: float) -> str:
     if math.isinf(low):
         return f"<= {high:g}"
     return f">= {low:g}" if math.isinf(high) else f"{low:g} to {high:g}"
 
 
-def _trials_table(space: SearchSpace, result: TuneResult) -> Table:
-    """The best 15 trials: those that meet the constraints first, each group by objective."""
+def _trials_table(space: SearchSpace, result: TuneResult, base_policy: ElasticPolicy) -> Table:
+    """The best 15 trials, and the base policy's run among them where it ranks (at the end if
+    below them): those that meet the constraints first, each group by objective."""
     trials = result.trials
-    names = sorted({n for t in trials for n in t.params})
+    names = sorted({n for t in trials for n in t.params} | set(space.choices) | set(space.ranges))
     bounded = [n for n in space.constraints if n != space.objective]
     done = (
         f"{len(trials)} of {result.planned} trials (interrupted)"
@@ -134,11 +160,23 @@ def _trials_table(space: SearchSpace, result: TuneResult) -> Table:
         header = col.removeprefix("defaults.").replace("_", "_\n")
         widest = max(map(len, header.splitlines()))
         table.add_column(header, justify="right", overflow="fold", min_width=widest)
-    ranked = sorted(trials, key=lambda t: (not t.meets, t.objective))
-    for rank, trial in enumerate(ranked[:15], 1):
+    ranked = sorted(trials, key=lambda t: (not t.meets, t.objective))[:15]
+    if result.base is not None:
+        base = result.base
+        place = sum((not t.meets, t.objective) < (not base.meets, base.objective) for t in ranked)
+        ranked.insert(place, base)  # ahead of equal trials: a tie goes to the base
+    rank = 0
+    for trial in ranked:
+        if trial.is_base:
+            label = "base" if trial.meets else "base –"
+            values = [param_value(base_policy, n) for n in names]
+        else:
+            rank += trial.meets
+            label = str(rank) if trial.meets else "–"
+            values = [trial.params.get(n) for n in names]
         table.add_row(
-            str(rank) if trial.meets else "–",
-            *(f"{trial.params.get(n, math.nan):g}" for n in names),
+            label,
+            *("none" if v is None else f"{v:g}" for v in values),
             format_number(trial.objective, 3),
             *(format_number(trial.figures[n], 3) for n in bounded),
         )
@@ -159,11 +197,26 @@ def _tune_outcome(space: SearchSpace, result: TuneResult, out: Path) -> str:
             else ""
         )
         return (
-            f"no finished trial meets the constraints ({bounds}){why}; no policy written; "
+            f"neither the base policy nor any finished trial meets the constraints "
+            f"({bounds}){why}; no policy written; "
             f"trials: {trials_csv}"
         )
+    best, base, objective = result.best_trial, result.base, space.objective
+    written = out / "best-policy.yaml"
+    if best.is_base:
+        return (
+            f"no trial beats the base policy ({objective} {best.objective:.4g}); "
+            f"{written} is the base policy; trials: {trials_csv}"
+        )
     label = "best policy of the finished trials" if result.interrupted else "best policy"
-    return f"{label}: {out / 'best-policy.yaml'}; trials: {trials_csv}"
+    if base is None:
+        against = "the base policy's run did not finish"
+    elif not base.meets:
+        against = f"the base policy misses the constraints, at {base.objective:.4g}"
+    else:
+        change = (best.objective / base.objective - 1.0) * 100.0 if base.objective else math.nan
+        against = f"the base policy {base.objective:.4g}, {change:+.1f}%"
+    return f"{label}: {written} ({objective} {best.objective:.4g}; {against}); trials: {trials_csv}"
 
 
 def register(app: typer.Typer) -> None:
@@ -250,7 +303,8 @@ def register(app: typer.Typer) -> None:
                 console=console,
                 auto_refresh=False,  # no refresh thread while worker processes are forked
             ) as progress:
-                task = progress.add_task("tune", total=len(candidates(space)))
+                # The base policy runs as well as every candidate.
+                task = progress.add_task("tune", total=len(candidates(space)) + 1)
                 progress.refresh()
                 # The bar counts finished trials, and the share of each running trial's jobs
                 # finished so far: a trial on a long trace takes minutes.
@@ -292,32 +346,18 @@ def register(app: typer.Typer) -> None:
             console.print("interrupted before any trial finished; no policy written")
             raise typer.Exit(130)
         best_file = out / "best-policy.yaml"
-        if result.best_trial is not None:
+        if result.best_trial is None:
+            best_file.unlink(missing_ok=True)  # a file from an earlier search is not this one's
+        elif result.best_trial.is_base:
+            best_file.write_text(policy_yaml(base))
+        else:
             best_policy = dataclasses.replace(result.best, name=f"{base.name}-tuned")
             best_file.write_text(policy_yaml(best_policy))
-        else:
-            best_file.unlink(missing_ok=True)  # a file from an earlier search is not this one's
-        print_fitted(console, _trials_table(space, result))
+        print_fitted(console, _trials_table(space, result, base))
         console.print(_tune_outcome(space, result, out))
+        runs = ([result.base] if result.base is not None else []) + trials
         (out / "trials.json").write_text(
-            json.dumps(
-                [
-                    {
-                        "trial": t.index,
-                        "params": t.params,
-                        "objective": _json_number(t.objective),
-                        **(
-                            {
-                                "figures": {n: _json_number(v) for n, v in t.figures.items()},
-                                "meets_constraints": t.meets,
-                            }
-                            if space.constraints
-                            else {}
-                        ),
-                    }
-                    for t in trials
-                ]
-            )
+            json.dumps([_trial_record(space, t, base, seeded) for t in runs])
         )
         if result.interrupted:
             raise typer.Exit(130)

@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from tests.simulations.helpers import interrupt_after_first
+from tests.simulations.helpers import interrupt_after
 from tide import sim_commands, tune_command
 
 app = typer.Typer()
@@ -153,12 +153,32 @@ def test_tune_writes_trials_and_best_policy(tmp_path: Path) -> None:
         app, ["tune", str(space), "--duration", "2", "--workers", "2", "--out", str(out)]
     )
     assert result.exit_code == 0, result.output
-    rows = (out / "trials.csv").read_text().splitlines()
-    assert rows[0] == "trial,defaults.cooldown_s,avg_jct_h" and len(rows) == 3
+    with (out / "trials.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    # In the order the runs finished (two workers): the base first or second.
+    assert sorted((r["trial"], r["defaults.cooldown_s"]) for r in rows) == [
+        ("0", "60.0"), ("1", "600.0"), ("base", "300.0")
+    ]  # fmt: skip
+    objective = {float(r["defaults.cooldown_s"]): float(r["avg_jct_h"]) for r in rows}
     from scheduler_policy.policy_file import load_policy
 
     best = load_policy(out / "best-policy.yaml")
-    assert best.defaults.cooldown_s in (60.0, 600.0)
+    assert objective[best.defaults.cooldown_s] == min(objective.values())
+    text = " ".join(result.output.split())
+    if best.defaults.cooldown_s == 300.0:  # the base's run: no trial beats it
+        assert "no trial beats the base policy" in text and best.name == "tide-default"
+    else:
+        change = (objective[best.defaults.cooldown_s] / objective[300.0] - 1) * 100
+        assert f"avg_jct_h {objective[best.defaults.cooldown_s]:.4g}; the base policy " in text
+        assert f"{objective[300.0]:.4g}, {change:+.1f}%)" in text
+    records = json.loads((out / "trials.json").read_text())
+    assert [r["trial"] for r in records] == ["base", 0, 1]
+    assert records[0]["params"] == {"defaults.cooldown_s": 300.0}
+    for r in records:  # one workload: its figure is the objective
+        assert [w["avg_jct_h"] for w in r["by_workload"]] == [r["objective"]]
+        assert [(w["workload"], w["seed"]) for w in r["by_workload"]] == [
+            (records[0]["by_workload"][0]["workload"], 0)
+        ]
 
 
 def test_tune_bad_space_exits_1(tmp_path: Path) -> None:
@@ -193,11 +213,14 @@ def test_tune_with_constraints_no_trial_meets_writes_no_policy_and_exits_1(
     result = runner.invoke(app, ["tune", str(space), "--duration", "1", "--out", str(out)])
     text = " ".join(result.output.split())
     assert result.exit_code == 1, result.output
-    assert "no finished trial meets the constraints (useful_utilization >= 0.999)" in text
+    assert (
+        "neither the base policy nor any finished trial meets the constraints "
+        "(useful_utilization >= 0.999)" in text
+    )
     assert "rank –: misses a constraint" in text
     assert not (out / "best-policy.yaml").exists()
     trials = json.loads((out / "trials.json").read_text())
-    assert [t["meets_constraints"] for t in trials] == [False, False]
+    assert [t["meets_constraints"] for t in trials] == [False, False, False]
     assert all(0 < t["figures"]["useful_utilization"] < 0.999 for t in trials)
 
 
@@ -241,7 +264,8 @@ def test_a_tuning_trial_shows_what_simulate_shows_for_its_policy(tmp_path: Path)
     common = ["--seeds", "1,2", "--duration", "6"]
     tuned = runner.invoke(app, ["tune", str(space), *common, "--out", str(tmp_path / "t")])
     assert tuned.exit_code == 0, tuned.output
-    (trial,) = json.loads((tmp_path / "t" / "trials.json").read_text())
+    base, trial = json.loads((tmp_path / "t" / "trials.json").read_text())
+    assert base["trial"] == "base" and base["objective"] == trial["objective"]  # one policy
     report = tmp_path / "s.json"
     simulated = runner.invoke(
         app, ["simulate", "--policies", "tide", *common, "--out", str(tmp_path / "s"),
@@ -250,6 +274,8 @@ def test_a_tuning_trial_shows_what_simulate_shows_for_its_policy(tmp_path: Path)
     assert simulated.exit_code == 0, simulated.output
     jct = [s["avg_jct_h"] for s in json.loads(report.read_text())["summaries"]]
     assert trial["objective"] == pytest.approx(sum(jct) / len(jct), rel=1e-12)
+    assert [w["avg_jct_h"] for w in trial["by_workload"]] == pytest.approx(jct, rel=1e-12)
+    assert [w["seed"] for w in trial["by_workload"]] == [1, 2]
 
 
 def test_the_report_records_the_cluster_the_policies_and_the_run_options(tmp_path: Path) -> None:
@@ -334,7 +360,7 @@ def test_an_interrupted_tune_writes_the_best_of_the_finished_trials(
     import simulations.tune as tune_module
 
     monkeypatch.setattr(
-        tune_module, "results_as_done", interrupt_after_first(tune_module.results_as_done)
+        tune_module, "results_as_done", interrupt_after(tune_module.results_as_done, 2)
     )
     space = tmp_path / "space.yaml"
     space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [60, 120, 300, 600]\n")
@@ -344,10 +370,15 @@ def test_an_interrupted_tune_writes_the_best_of_the_finished_trials(
     )
     assert result.exit_code == 130, result.output
     text = " ".join(result.output.split())
-    assert "of 4 trials (interrupted)" in text and "best policy of the finished trials" in text
+    assert "1 of 4 trials (interrupted)" in text
     from scheduler_policy.policy_file import load_policy
 
-    assert load_policy(out / "best-policy.yaml").defaults.cooldown_s in (60.0, 120.0, 300.0, 600.0)
+    base, first = (out / "trials.csv").read_text().splitlines()[1:]  # base, then trial 0
+    cooldown = load_policy(out / "best-policy.yaml").defaults.cooldown_s
+    if float(first.split(",")[-1]) < float(base.split(",")[-1]):
+        assert "best policy of the finished trials" in text and cooldown == 60.0
+    else:
+        assert "no trial beats the base policy" in text and cooldown == 300.0
 
 
 def test_tune_says_when_the_space_holds_fewer_sets_than_trials(tmp_path: Path) -> None:

@@ -73,14 +73,16 @@ def make_sim(jobs: list[WorkloadJob], **cluster_kw: object) -> SimulatedCluster:
     return sim
 
 
-def interrupt_after_first(
-    results_as_done: Callable[..., Iterator[Any]],
+def interrupt_after(
+    results_as_done: Callable[..., Iterator[Any]], count: int = 1
 ) -> Callable[..., Iterator[Any]]:
-    """``results_as_done`` that yields its first result, then is interrupted as by Ctrl-C."""
+    """``results_as_done`` that yields its first ``count`` results, then is interrupted as by
+    Ctrl-C."""
 
     def interrupted(*args: Any, **kwargs: Any) -> Iterator[Any]:
         results = results_as_done(*args, **kwargs)
-        yield next(results)
+        for _ in range(count):
+            yield next(results)
         results.close()  # what an interrupt does: the workers are terminated
         raise KeyboardInterrupt
 

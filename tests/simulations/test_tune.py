@@ -27,7 +27,7 @@ from simulations.tune import (
     load_search_space,
     tune,
 )
-from tests.simulations.helpers import interrupt_after_first
+from tests.simulations.helpers import interrupt_after
 
 
 def space(method: str = "random", trials: int = 8, **ranges: tuple[float, float]) -> SearchSpace:
@@ -78,32 +78,39 @@ def test_an_interrupt_keeps_the_finished_trials_and_their_best(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(
-        tune_module, "results_as_done", interrupt_after_first(tune_module.results_as_done)
+        tune_module, "results_as_done", interrupt_after(tune_module.results_as_done, 2)
     )
     workload = load_workload(seed=0, duration_s=3600.0)
+    base_policy = default_policy_for(BUILTIN_CLUSTER)
     result = tune(
         space=space(method="grid"),
-        base_policy=default_policy_for(BUILTIN_CLUSTER),
+        base_policy=base_policy,
         seeded=[Seeded(0, workload, RunOptions())],
         cluster=BUILTIN_CLUSTER,
         out_dir=tmp_path,
         workers=1,
     )
     assert result.interrupted and result.planned == 6
-    assert len(result.trials) == 1  # the trial finished before the interrupt; the rest stopped
+    # The base ran first, then one trial; the rest stopped.
+    assert result.base is not None and len(result.trials) == 1
     with (tmp_path / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == len(result.trials)
-    assert result.best_trial == result.trials[0]
-    assert result.best.defaults.cooldown_s == result.trials[0].params["defaults.cooldown_s"]
+    assert [r["trial"] for r in rows] == ["base", "0"]
+    assert float(rows[0]["defaults.cooldown_s"]) == base_policy.defaults.cooldown_s
+    trial = result.trials[0]
+    if trial.objective < result.base.objective:
+        assert result.best_trial == trial
+        assert result.best.defaults.cooldown_s == trial.params["defaults.cooldown_s"]
+    else:
+        assert result.best_trial == result.base and result.best == base_policy
 
 
 def test_of_equal_trials_the_first_planned_is_best_whatever_finishes_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def last_first(fn: object, calls: list[object], **_: object) -> Iterator[tuple[int, list]]:
-        for index in reversed(range(len(calls))):
-            yield index, [SimpleNamespace(avg_jct_h=1.0)]
+        for call in reversed(range(len(calls))):  # call 0 is the base policy's run: worse
+            yield call, [SimpleNamespace(avg_jct_h=2.0 if call == 0 else 1.0)]
 
     monkeypatch.setattr(tune_module, "results_as_done", last_first)
     grid = space(method="grid")
@@ -190,7 +197,8 @@ def test_queue_parameters_set_that_queue_and_nothing_else() -> None:
 def _fake_results(
     figures: list[dict[str, float]],
 ) -> Callable[..., Iterator[tuple[int, list[SimpleNamespace]]]]:
-    """``results_as_done`` that gives trial i one workload's summary with ``figures[i]``."""
+    """``results_as_done`` that gives call i (0: the base policy, then the trials) one
+    workload's summary with ``figures[i]``."""
 
     def fake(fn: object, calls: list[object], **_: object) -> Iterator[tuple[int, list]]:
         for index in range(len(calls)):
@@ -208,6 +216,7 @@ def test_the_best_trial_is_the_lowest_objective_among_those_that_meet_the_constr
         "constraints:\n  p95_queue_nonelastic_h: {max: 1.0}\n  useful_utilization: {min: 0.5}\n",
     )
     figures = [
+        {"avg_jct_h": 2.5, "p95_queue_nonelastic_h": 0.5, "useful_utilization": 0.6},  # base
         {"avg_jct_h": 1.0, "p95_queue_nonelastic_h": 2.0, "useful_utilization": 0.9},  # p95 high
         {"avg_jct_h": 2.0, "p95_queue_nonelastic_h": 0.5, "useful_utilization": 0.6},  # meets
         {"avg_jct_h": 1.5, "p95_queue_nonelastic_h": 0.5, "useful_utilization": 0.4},  # util low
@@ -220,8 +229,45 @@ def test_the_best_trial_is_the_lowest_objective_among_those_that_meet_the_constr
     assert result.best.defaults.cooldown_s == 120.0
     with (tmp_path / "out" / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert [r["meets_constraints"] for r in rows] == ["False", "True", "False", "True"]
-    assert [float(r["p95_queue_nonelastic_h"]) for r in rows] == [2.0, 0.5, 0.5, 1.0]
+    assert [r["trial"] for r in rows] == ["base", "0", "1", "2", "3"]
+    assert [r["meets_constraints"] for r in rows] == ["True", "False", "True", "False", "True"]
+    assert [float(r["p95_queue_nonelastic_h"]) for r in rows] == [0.5, 2.0, 0.5, 0.5, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("base_figures", "best"),
+    [
+        ({"avg_jct_h": 0.5, "useful_utilization": 0.6}, "base"),  # better than every trial
+        ({"avg_jct_h": 1.0, "useful_utilization": 0.6}, "base"),  # a tie goes to the base
+        ({"avg_jct_h": 0.5, "useful_utilization": 0.1}, 0),  # better, but misses a constraint
+        ({"avg_jct_h": 1.5, "useful_utilization": 0.6}, 0),
+    ],
+)
+def test_the_base_policy_is_best_when_no_trial_beats_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    base_figures: dict[str, float],
+    best: object,
+) -> None:
+    searched = _space_file(
+        tmp_path,
+        "method: grid\nparameters:\n  defaults.cooldown_s: [60, 120]\n"
+        "constraints:\n  useful_utilization: {min: 0.5}\n",
+    )
+    trials = [
+        {"avg_jct_h": 1.0, "useful_utilization": 0.6},
+        {"avg_jct_h": 2.0, "useful_utilization": 0.6},
+    ]
+    monkeypatch.setattr(tune_module, "results_as_done", _fake_results([base_figures, *trials]))
+    result = _tune_on_builtin(searched, tmp_path / "out")
+    assert result.base is not None and result.base.is_base
+    assert [t.index for t in result.trials] == [0, 1]
+    if best == "base":
+        assert result.best_trial is result.base
+        assert result.best == default_policy_for(BUILTIN_CLUSTER)
+    else:
+        assert result.best_trial is result.trials[0]
+        assert result.best.defaults.cooldown_s == 60.0
 
 
 def test_a_figure_no_workload_has_meets_no_constraint() -> None:
@@ -270,8 +316,8 @@ def test_a_trial_tells_the_share_of_its_jobs_finished_over_all_its_workloads(
         on_trial=lambda done, total, index: ended.append(index),
         on_progress=lambda index, share: shares.append((index, share)),
     )
-    assert sorted(ended) == list(range(result.planned))
+    assert sorted(ended) == [tune_module.BASE, *range(result.planned)]
     assert shares and all(0.0 <= share <= 1.0 for _, share in shares)
-    for index in range(result.planned):  # each trial's reports only grow
+    for index in [tune_module.BASE, *range(result.planned)]:  # each run's reports only grow
         mine = [share for i, share in shares if i == index]
         assert mine == sorted(mine)
