@@ -5,7 +5,8 @@ A search space (YAML) names the parameters and their values::
     method: random          # or grid
     trials: 20              # random only
     seed: 0
-    objective: avg_jct_h    # any Summary field; lower is better
+    objective: avg_jct_h    # a Summary field: lower is better, but for the utilizations,
+                            # finished jobs and work done (``MAXIMISED``)
     parameters:
       interval_s: [30, 60, 120]
       defaults.cooldown_s: [60, 300, 600]
@@ -62,6 +63,19 @@ _INTS = {"max_step_up", "max_step_down"}
 FIGURES = tuple(
     f.name for f in dataclasses.fields(Summary) if f.type in ("float", "int") and f.name != "wall_s"
 )
+# Objectives a search maximises: every other figure is minimised.
+MAXIMISED = frozenset({"finished", "gpu_allocation", "useful_utilization", "work_done_ratio"})
+# Figures of the workload or of the injected faults, the same for every policy: no objective.
+_NOT_OBJECTIVES = frozenset(
+    {
+        "jobs",
+        "skipped_rows",
+        "node_failures",
+        "node_down_hours",
+        "metrics_outages",
+        "metrics_outage_minutes",
+    }
+)
 # A queue's numeric fields, as ``queues.<queue>.<field>``: the queue is any the base policy has.
 _QUEUE_FIELDS = (
     "headroom.gpus",
@@ -96,7 +110,8 @@ class SearchSpace:
         method: ``grid`` or ``random``.
         trials: how many random trials.
         seed: the random search's seed.
-        objective: the Summary field to minimize (averaged over workloads).
+        objective: the Summary field to minimise (averaged over workloads), or to maximise
+            if it is one of ``MAXIMISED`` (utilization, finished jobs, work done).
         choices: per parameter, a list of values.
         ranges: per parameter, ``(low, high)`` for uniform random draws.
         source: the file it was read from, named in errors.
@@ -112,6 +127,18 @@ class SearchSpace:
     ranges: Mapping[str, tuple[float, float]]
     source: str = "search space"
     constraints: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def maximise(self) -> bool:
+        """Whether a higher objective is better."""
+        return self.objective in MAXIMISED
+
+    def loss(self, objective: float) -> float:
+        """What the search minimises: the objective, negated when it is maximised; a NaN
+        objective (a workload without the figure) is the worst there is."""
+        if math.isnan(objective):
+            return math.inf
+        return -objective if self.maximise else objective
 
 
 def load_search_space(path: Path) -> SearchSpace:
@@ -134,6 +161,11 @@ def load_search_space(path: Path) -> SearchSpace:
     objective = data.get("objective", "avg_jct_h")
     if objective not in FIGURES:
         raise SearchSpaceError(f"{path}: objective: {_not_a_figure(objective)}")
+    if objective in _NOT_OBJECTIVES:
+        raise SearchSpaceError(
+            f"{path}: objective: {objective} is a figure of the workload or of the injected "
+            "faults, the same for every policy; choose one the policy changes, e.g. avg_jct_h"
+        )
     constraints = _load_constraints(data.get("constraints"), path)
     choices, ranges = _load_parameters(data["parameters"], method, path)
     trials = int(data.get("trials", 20))
@@ -371,9 +403,10 @@ def _share_of(progress: Callable[[float], None], *, before: int, total: int) -> 
 
 
 def objective_of(summaries: Sequence[Summary], objective: str) -> float:
-    """The mean of ``objective`` over workloads (NaN counts as infinitely bad)."""
+    """The mean of ``objective`` over workloads; NaN if a workload lacks it (``SearchSpace.loss``
+    ranks that last)."""
     values = [float(getattr(s, objective)) for s in summaries]
-    return math.inf if any(math.isnan(v) for v in values) else float(np.mean(values))
+    return math.nan if any(math.isnan(v) for v in values) else float(np.mean(values))
 
 
 def figure_of(summaries: Sequence[Summary], figure: str) -> float:
@@ -530,7 +563,7 @@ def tune(
     # planned first, whatever the timing, and to the base policy before any trial.
     finished.sort(key=lambda t: t.index)
     eligible = [t for t in ([base] if base is not None else []) + finished if t.meets]
-    best = min(eligible, key=lambda t: t.objective) if eligible else None
+    best = min(eligible, key=lambda t: space.loss(t.objective)) if eligible else None
     policy = apply_params(base_policy, best.params) if best is not None else base_policy
     return TuneResult(policy, best, finished, len(todo), interrupted, base)
 
@@ -542,7 +575,7 @@ class TuneResult:
     Attributes:
         best: the base policy with the best trial's parameters (the base policy itself when
             the best is the base's run, or no finished run meets the constraints).
-        best_trial: the finished run with the lowest objective among those that meet the
+        best_trial: the finished run with the best objective among those that meet the
             constraints (of equal ones, the base's, then the first planned); None when there
             is none. It is ``base`` when no trial beats the base policy.
         trials: every finished trial, in the order they were planned (``candidates``).

@@ -148,7 +148,8 @@ def _trials_table(space: SearchSpace, result: TuneResult, base_policy: ElasticPo
     if space.constraints:
         notes.append("rank –: misses a constraint")
     table = Table(
-        title=f"tide tune: {done}, objective {space.objective}",
+        title=f"tide tune: {done}, objective {space.objective} "
+        f"({'higher' if space.maximise else 'lower'} is better)",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         collapse_padding=True,
@@ -160,10 +161,14 @@ def _trials_table(space: SearchSpace, result: TuneResult, base_policy: ElasticPo
         header = col.removeprefix("defaults.").replace("_", "_\n")
         widest = max(map(len, header.splitlines()))
         table.add_column(header, justify="right", overflow="fold", min_width=widest)
-    ranked = sorted(trials, key=lambda t: (not t.meets, t.objective))[:15]
+
+    def order(t: Trial) -> tuple[bool, float]:
+        return (not t.meets, space.loss(t.objective))
+
+    ranked = sorted(trials, key=order)[:15]
     if result.base is not None:
         base = result.base
-        place = sum((not t.meets, t.objective) < (not base.meets, base.objective) for t in ranked)
+        place = sum(order(t) < order(base) for t in ranked)
         ranked.insert(place, base)  # ahead of equal trials: a tie goes to the base
     rank = 0
     for trial in ranked:

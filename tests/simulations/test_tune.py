@@ -321,3 +321,39 @@ def test_a_trial_tells_the_share_of_its_jobs_finished_over_all_its_workloads(
     for index in [tune_module.BASE, *range(result.planned)]:  # each run's reports only grow
         mine = [share for i, share in shares if i == index]
         assert mine == sorted(mine)
+
+
+@pytest.mark.parametrize(
+    ("objective", "values", "best"),
+    [
+        ("avg_jct_h", [2.0, 1.0, 3.0, math.nan], 1),
+        ("useful_utilization", [0.5, 0.6, 0.8, math.nan], 2),  # higher is better
+        ("useful_utilization", [0.9, 0.6, 0.8, 0.7], "base"),
+    ],
+)
+def test_the_objective_is_minimised_or_maximised_and_nan_is_never_best(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    objective: str,
+    values: list[float],
+    best: object,
+) -> None:
+    searched = _space_file(
+        tmp_path,
+        f"method: grid\nobjective: {objective}\n"
+        "parameters:\n  defaults.cooldown_s: [60, 120, 180]\n",
+    )
+    assert searched.maximise == (objective == "useful_utilization")
+    # Call 0 is the base policy's run; a NaN objective (last trial) must rank last either way.
+    figures = [{objective: v} for v in values]
+    monkeypatch.setattr(tune_module, "results_as_done", _fake_results(figures))
+    result = _tune_on_builtin(searched, tmp_path / "out")
+    assert result.best_trial is not None
+    expected = result.base if best == "base" else result.trials[int(best) - 1]
+    assert result.best_trial is expected
+
+
+@pytest.mark.parametrize("figure", ["jobs", "skipped_rows", "node_failures"])
+def test_a_figure_no_policy_changes_is_no_objective(tmp_path: Path, figure: str) -> None:
+    with pytest.raises(SearchSpaceError, match=f"objective: {figure} is a figure of the workload"):
+        _space_file(tmp_path, f"objective: {figure}\nparameters:\n  defaults.cooldown_s: [60]\n")
