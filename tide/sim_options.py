@@ -71,8 +71,50 @@ HorizonOpt = Annotated[
 SkipOpt = Annotated[
     bool, typer.Option("--skip-bad-rows", help="Skip and count bad trace rows instead of failing.")
 ]
-OutOpt = Annotated[Path, typer.Option("--out", help="Folder for the report and plots.")]
-JsonOpt = Annotated[Path | None, typer.Option("--json", help="Also write the JSON report here.")]
+
+
+def _unwritable(path: Path, *, folder: bool) -> str | None:
+    """Why the command could not write ``path`` (a folder, or a file), found without creating
+    anything; None when it can. Checked before anything runs: a simulation that ran for
+    minutes must not end in a traceback for want of somewhere to write."""
+    if not folder and path.is_dir():
+        return f"{path} is a folder, not a file"
+    if not folder and path.exists() and not os.access(path, os.W_OK):
+        return f"{path} is not writable"
+    nearest = path if folder else path.parent
+    while not nearest.exists():  # the folders to be made go under the nearest that exists
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        return f"{nearest} is a file, not a folder"
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        return f"{nearest} is not writable"
+    return None
+
+
+def writable_folder(path: Path) -> Path:
+    """``--out``'s check: a folder the command can write in (made when it runs)."""
+    problem = _unwritable(path, folder=True)
+    if problem is not None:
+        raise typer.BadParameter(problem)
+    return path
+
+
+def writable_file(path: Path | None) -> Path | None:
+    """``--json``'s check: a file the command can write (its folders made when it runs)."""
+    problem = None if path is None else _unwritable(path, folder=False)
+    if problem is not None:
+        raise typer.BadParameter(problem)
+    return path
+
+
+OutOpt = Annotated[
+    Path,
+    typer.Option("--out", help="Folder for the report and plots.", callback=writable_folder),
+]
+JsonOpt = Annotated[
+    Path | None,
+    typer.Option("--json", help="Also write the JSON report here.", callback=writable_file),
+]
 MtbfOpt = Annotated[
     float | None, typer.Option("--node-mtbf", help="Mean time between failures per node, hours.")
 ]

@@ -54,6 +54,7 @@ from tide.sim_options import (
     seeded_workloads,
     trace_seeds,
     warn_policy,
+    writable_folder,
 )
 
 
@@ -261,7 +262,11 @@ def register(app: typer.Typer) -> None:
         quiet_s: QuietOpt = None,
         out: Annotated[
             Path,
-            typer.Option("--out", help="Folder for best-policy.yaml, trials.csv and trials.json."),
+            typer.Option(
+                "--out",
+                help="Folder for best-policy.yaml, trials.csv and trials.json.",
+                callback=writable_folder,
+            ),
         ] = Path("tide-tune-out"),
     ) -> None:
         """Search policy parameters; write the best policy and a table of trials."""

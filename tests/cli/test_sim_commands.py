@@ -640,3 +640,35 @@ def test_simulate_refuses_a_policy_given_twice(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1
     assert "--policies: tide is given twice" in result.output
+
+
+WIDE = {"COLUMNS": "300"}  # an error box as wide as the long temporary paths in it
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare", "tune"])
+def test_an_output_that_cannot_be_written_is_refused_before_anything_runs(
+    tmp_path: Path, command: str
+) -> None:
+    a_file = tmp_path / "report"
+    a_file.write_text("not a folder")
+    first = {
+        "simulate": [],
+        "compare": [str(tmp_path / "p.yaml")],
+        "tune": [str(tmp_path / "s.yaml")],
+    }
+    (tmp_path / "p.yaml").write_text(POLICY % ("p", "60s"))
+    (tmp_path / "s.yaml").write_text("parameters:\n  defaults.cooldown_s: [60]\n")
+    args = [command, *first[command], "--duration", "1"]
+    for out in (a_file, a_file / "below"):  # once ran the whole replay, then a traceback
+        result = runner.invoke(app, [*args, "--out", str(out)], env=WIDE)
+        assert result.exit_code == 2, result.output
+        assert f"Invalid value for '--out': {a_file} is a file, not a folder" in " ".join(
+            result.output.split()
+        )
+    if command != "tune":
+        result = runner.invoke(
+            app, [*args, "--out", str(tmp_path / "o"), "--json", str(tmp_path)], env=WIDE
+        )
+        assert result.exit_code == 2, result.output
+        assert f"{tmp_path} is a folder, not a file" in " ".join(result.output.split())
+        assert not (tmp_path / "o").exists()
