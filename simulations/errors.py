@@ -14,7 +14,8 @@ class TraceError(SimulationError):
 
     Attributes:
         path: the trace file (for a tarball, ``archive.tar.gz:member.csv``).
-        line: the 1-based line number of the bad row (the header is line 1).
+        line: the 1-based line number of the bad row (the header is line 1); 0 for a problem
+            of the whole file, which the message then gives without a line.
         problem: what is wrong with it.
     """
 
@@ -22,7 +23,7 @@ class TraceError(SimulationError):
         self.path = str(path)
         self.line = line
         self.problem = problem
-        super().__init__(f"{self.path}:{line}: {problem}")
+        super().__init__(f"{self.path}:{line}: {problem}" if line else f"{self.path}: {problem}")
 
     def __reduce__(self) -> tuple[type[TraceError], tuple[str, int, str]]:
         # Rebuilt from its fields, so that it survives the trip back from a worker process.

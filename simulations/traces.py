@@ -189,9 +189,15 @@ def load_itp(
     where = f"{path}:{member}"
     try:
         with tarfile.open(path) as archive:
-            found = [m for m in archive.getmembers() if Path(m.name).name == member]
+            members = archive.getmembers()
+            found = [m for m in members if Path(m.name).name == member]
             if not found:
-                raise TraceError(where, 0, "no such member in the archive")
+                tables = sorted(Path(m.name).name for m in members if m.name.endswith(".csv"))
+                raise TraceError(
+                    where,
+                    0,
+                    f"no such member in the archive (--member): it has {', '.join(tables)}",
+                )
             handle = archive.extractfile(found[0])
             if handle is None:
                 raise TraceError(where, 0, "member is not a file")
