@@ -104,13 +104,15 @@ def summarize(result: SimResult) -> Summary:
     h = 3600.0
     done = [j for j in result.jobs if j.end_s is not None]
     jct = [(j.end_s - j.submit_s) / h for j in done if j.end_s is not None]
+    # A job still waiting when the run stopped has waited until then (at least); one submitted
+    # after a --horizon cut the run short never entered it, and has no queueing delay.
+    entered = [j for j in result.jobs if j.submit_s <= result.end_s]
     queued = [
-        ((j.start_s if j.start_s is not None else result.end_s) - j.submit_s) / h
-        for j in result.jobs
+        ((j.start_s if j.start_s is not None else result.end_s) - j.submit_s) / h for j in entered
     ]
-    nonelastic = [q for q, j in zip(queued, result.jobs, strict=True) if not j.elastic]
+    nonelastic = [q for q, j in zip(queued, entered, strict=True) if not j.elastic]
     by_queue: dict[str, list[float]] = {}
-    for q, j in zip(queued, result.jobs, strict=True):
+    for q, j in zip(queued, entered, strict=True):
         by_queue.setdefault(j.queue, []).append(q)
     first = min((j.submit_s for j in result.jobs), default=0.0)
     last = max((j.end_s for j in done if j.end_s is not None), default=result.end_s)

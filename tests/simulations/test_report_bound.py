@@ -37,3 +37,27 @@ def test_jct_lower_bound(jobs, expected_h):
 
 def test_empty_workload_has_no_bound():
     assert math.isnan(jct_lower_bound_h(Workload(name="w", jobs=())))
+
+
+def test_a_horizon_counts_the_wait_of_jobs_that_entered_the_run_only() -> None:
+    from simulations.api import PolicyRun, run_one
+    from simulations.report import summarize
+    from simulations.run import RunOptions
+    from tests.simulations.helpers import make_cluster, make_job
+
+    jobs = (
+        make_job("runs", replicas=4, work=4 * 7200.0),  # holds all 4 GPUs for 2 h
+        make_job("waits", submit_s=600.0, replicas=2),  # waits from 600 s to the horizon
+        make_job("later", submit_s=7200.0, replicas=1),  # submitted after the horizon
+    )
+    result = run_one(
+        PolicyRun("static", "static"),
+        workload=Workload("w", jobs),
+        cluster=make_cluster(),
+        options=RunOptions(horizon_s=3600.0),
+    )
+    summary = summarize(result)
+    assert summary.finished == 0
+    # Once the job submitted after the horizon counted -1 h; the delays are 0 h and 5/6 h.
+    assert summary.avg_queue_h == pytest.approx((0.0 + 3000 / 3600) / 2)
+    assert summary.p95_queue_h >= 0.0
