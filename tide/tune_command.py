@@ -136,7 +136,7 @@ def _trials_table(space: SearchSpace, result: TuneResult, base_policy: ElasticPo
     """The best 15 trials, and the base policy's run among them where it ranks (at the end if
     below them): those that meet the constraints first, each group by objective."""
     trials = result.trials
-    names = sorted({n for t in trials for n in t.params} | set(space.choices) | set(space.ranges))
+    names = sorted({*space.choices, *space.ranges})
     bounded = [n for n in space.constraints if n != space.objective]
     done = (
         f"{len(trials)} of {result.planned} trials (interrupted)"
