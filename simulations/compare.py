@@ -350,8 +350,12 @@ def run_comparison(
     if json_path is not None:
         write_json_report(json_path, summaries, meta=meta, seeds=seeds)
     write_jobs_csv(out_dir / "jobs.csv", results, seeds=seeds)
-    plots = plot_all(results[: len(runs)], out_dir)
-    of_seed = f" of seed {first.seed}" if len(seeded) > 1 else ""
+    plots = plot_all(results, out_dir, seeds=[one.seed for one in seeded])
+    of_seed = (
+        f" (the JCT CDF of every seed's jobs, the others of seed {first.seed})"
+        if len(seeded) > 1
+        else ""
+    )
     console.print(
         f"report, jobs.csv (every job under every policy) and {len(plots)} plots{of_seed} "
         f"in {out_dir}"

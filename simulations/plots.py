@@ -39,36 +39,53 @@ def _completion_times_h(result: SimResult) -> np.ndarray:
     return np.sort([(j.end_s - j.submit_s) / 3600 for j in result.jobs if j.end_s is not None])
 
 
-def plot_all(results: Sequence[SimResult], out_dir: Path, *, jobs_to_show: int = 4) -> list[Path]:
+def plot_all(
+    results: Sequence[SimResult],
+    out_dir: Path,
+    *,
+    seeds: Sequence[int] = (0,),
+    jobs_to_show: int = 4,
+) -> list[Path]:
     """Write ``jct_cdf.png``, ``utilization.png`` and ``replicas.png`` into ``out_dir``.
 
+    With several seeds, the JCT CDF pools every job of every seed under each policy (one seed's
+    workload is small, and its curve misleads as its average does); utilization and replicas,
+    which are over time, are the first seed's.
+
     Args:
-        results: one run per policy, same workload.
+        results: one run per policy and seed: the first seed's policies in order, then the next
+            seed's.
         out_dir: where to write.
+        seeds: the seeds, in the order ``results`` has them.
         jobs_to_show: how many jobs' replicas to draw (those rescaled most by the first run).
 
     Returns:
         The files written.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = [_jct_cdf(results, out_dir / "jct_cdf.png")]
-    written.append(_utilization(results, out_dir / "utilization.png"))
-    if results:
-        written.append(_replicas(results[0], out_dir / "replicas.png", jobs_to_show))
+    policies = len(results) // max(1, len(seeds))
+    first = results[:policies]
+    pooled = [results[p::policies] for p in range(policies)]
+    title = None if len(seeds) < 2 else f"every job of seeds {','.join(map(str, seeds))}"
+    written = [_jct_cdf(pooled, out_dir / "jct_cdf.png", title=title)]
+    written.append(_utilization(first, out_dir / "utilization.png"))
+    if first:
+        written.append(_replicas(first[0], out_dir / "replicas.png", jobs_to_show))
     return written
 
 
-def cdf_curves(results: Sequence[SimResult]) -> list[tuple[int, str, np.ndarray]]:
-    """The JCT CDF's curves: each run with finished jobs, as (its index, its legend label, its
-    sorted completion times in hours). A curve equal to an earlier run's says whose."""
+def cdf_curves(groups: Sequence[Sequence[SimResult]]) -> list[tuple[int, str, np.ndarray]]:
+    """The JCT CDF's curves: each policy's runs (one per seed) with finished jobs, as (its
+    index, its legend label, the sorted completion times in hours of all its runs' jobs). A
+    curve equal to an earlier one says whose."""
     curves: list[tuple[int, str, np.ndarray]] = []
-    for i, r in enumerate(results):
-        jct = _completion_times_h(r)
+    for i, runs in enumerate(groups):
+        jct = np.sort(np.concatenate([_completion_times_h(r) for r in runs] or [np.zeros(0)]))
         if not len(jct):
             continue
-        label = f"{r.policy}: avg {jct.mean():.2f} h"
+        label = f"{runs[0].policy}: avg {jct.mean():.2f} h"
         same = next(
-            (results[j].policy for j, _, other in curves if np.array_equal(other, jct)), None
+            (groups[j][0].policy for j, _, other in curves if np.array_equal(other, jct)), None
         )
         if same is not None:
             label += f" (same curve as {same})"
@@ -76,9 +93,11 @@ def cdf_curves(results: Sequence[SimResult]) -> list[tuple[int, str, np.ndarray]
     return curves
 
 
-def _jct_cdf(results: Sequence[SimResult], path: Path) -> Path:
+def _jct_cdf(groups: Sequence[Sequence[SimResult]], path: Path, *, title: str | None) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4))
-    curves = cdf_curves(results)
+    curves = cdf_curves(groups)
+    if title is not None:
+        ax.set_title(title, fontsize="small")
     for i, label, jct in curves:
         ax.step(jct, np.arange(1, len(jct) + 1) / len(jct), where="post", label=label,
                 **_style(i))  # fmt: skip

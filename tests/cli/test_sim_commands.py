@@ -512,6 +512,7 @@ def test_simulate_over_seeds_reports_each_seed_and_their_medians(tmp_path: Path)
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "seeds 0,2" in text
+    assert "3 plots (the JCT CDF of every seed's jobs, the others of seed 0)" in text
     doc = json.loads((out / "report.json").read_text())
     assert doc["meta"]["seeds"] == [0, 2]
     got = [(s["policy"], s["seed"]) for s in doc["summaries"]]

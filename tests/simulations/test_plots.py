@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import matplotlib.image
+import numpy as np
 import pytest
 
 from simulations.api import PolicyRun, load_workload, run_one
@@ -33,7 +34,7 @@ def test_a_curve_equal_to_an_earlier_one_says_whose(static_run: SimResult) -> No
             for j in static_run.jobs
         ),
     )
-    labels = [label for _, label, _ in cdf_curves([static_run, slower, twin])]
+    labels = [label for _, label, _ in cdf_curves([[static_run], [slower], [twin]])]
     assert labels[0].startswith("static: avg ")
     assert "same curve" not in labels[1]
     assert labels[2].endswith("(same curve as static)")
@@ -45,7 +46,24 @@ def test_a_run_without_finished_jobs_draws_no_curve(static_run: SimResult) -> No
         policy="stuck",
         jobs=tuple(dataclasses.replace(j, end_s=None) for j in static_run.jobs),
     )
-    assert [i for i, _, _ in cdf_curves([unfinished, static_run])] == [1]
+    assert [i for i, _, _ in cdf_curves([[unfinished], [static_run]])] == [1]
+
+
+def test_with_several_seeds_a_curve_pools_every_seed_s_jobs(static_run: SimResult) -> None:
+    other_seed = dataclasses.replace(
+        static_run,
+        jobs=tuple(
+            dataclasses.replace(j, end_s=j.end_s + 3600.0) if j.end_s is not None else j
+            for j in static_run.jobs
+        ),
+    )
+    ((_, label, jct),) = cdf_curves([[static_run, other_seed]])
+    finished = [j for j in static_run.jobs if j.end_s is not None]
+    assert len(jct) == 2 * len(finished)
+    assert list(jct) == sorted(jct)
+    one = np.array([(j.end_s - j.submit_s) / 3600 for j in finished])
+    assert jct.mean() == pytest.approx(one.mean() + 0.5)
+    assert label == f"static: avg {one.mean() + 0.5:.2f} h"
 
 
 def test_utilization_has_one_panel_per_policy(static_run: SimResult, tmp_path: Path) -> None:
