@@ -54,6 +54,7 @@ from tide.sim_options import (
     seeded_workloads,
     trace_seeds,
     warn_policy,
+    worker_count,
     writable_folder,
 )
 
@@ -252,7 +253,15 @@ def register(app: typer.Typer) -> None:
         policy_file: Annotated[
             Path | None, typer.Option("--policy", help="Base policy whose parameters vary.")
         ] = None,
-        workers: Annotated[int, typer.Option("--workers", min=1, help="Worker processes.")] = 2,
+        workers: Annotated[
+            int | None,
+            typer.Option(
+                "--workers",
+                min=1,
+                help="Trials run at once, each in its own process; default: one per CPU. The "
+                "results do not depend on it.",
+            ),
+        ] = None,
         duration_h: DurationOpt = DEFAULT_DURATION_H,
         load: LoadOpt = DEFAULT_LOAD,
         horizon_h: HorizonOpt = None,
@@ -341,7 +350,7 @@ def register(app: typer.Typer) -> None:
                     seeded=seeded,
                     cluster=cluster,
                     out_dir=out,
-                    workers=workers,
+                    workers=worker_count(workers, len(candidates(space)) + 1),
                     on_trial=on_trial,
                     on_progress=on_progress,
                 )

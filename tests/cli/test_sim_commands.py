@@ -673,3 +673,25 @@ def test_an_output_that_cannot_be_written_is_refused_before_anything_runs(
         assert result.exit_code == 2, result.output
         assert f"{tmp_path} is a folder, not a file" in " ".join(result.output.split())
         assert not (tmp_path / "o").exists()
+
+
+def test_tune_runs_one_process_per_cpu_by_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [60, 120, 180, 240]\n")
+    calls: list[tuple[int | None, int]] = []
+    real = tune_command.worker_count
+
+    def spy(asked: int | None, runs: int) -> int:
+        calls.append((asked, runs))
+        return real(asked, runs)
+
+    monkeypatch.setattr(tune_command, "worker_count", spy)
+    for extra in ([], ["--workers", "1"]):
+        result = runner.invoke(
+            app, ["tune", str(space), "--duration", "1", *extra, "--out", str(tmp_path / "o")]
+        )
+        assert result.exit_code == 0, result.output
+    # Four trials and the base policy's run: at most five processes, one per CPU by default.
+    assert calls == [(None, 5), (1, 5)]
