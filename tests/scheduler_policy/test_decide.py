@@ -407,3 +407,17 @@ def test_observation_file_refuses_a_queue_or_a_job_given_twice(tmp_path):
         "  - queues[2].name: duplicate queue 'q', first defined at queues[0]",
         "  - jobs[2].key: duplicate job 'ns/a', first defined at jobs[0]",
     ]
+
+
+def test_the_decision_tuples_have_no_defaulted_fields() -> None:
+    # decide builds them with tuple.__new__ from full rows, which skips the constructor: a field
+    # added with a default would be missing from every decision, not filled in.
+    from scheduler_policy.messages import DecisionContext
+    from scheduler_policy.model import ScalingDecision
+
+    assert ScalingDecision._field_defaults == {}
+    assert DecisionContext._field_defaults == {}
+    plan = decide(make_observation(make_job("a", current=2)), make_policy(), models=ModelCache())
+    (decision,) = plan.decisions
+    assert len(decision) == len(ScalingDecision._fields)
+    assert len(decision.why) == len(DecisionContext._fields)
