@@ -190,6 +190,36 @@ def _trials_table(space: SearchSpace, result: TuneResult, base_policy: ElasticPo
     return table
 
 
+def _per_workload_table(
+    space: SearchSpace, result: TuneResult, seeded: list[Seeded]
+) -> Table | None:
+    """The best trial against the base policy on each workload, when there are several (a mean
+    can hide a workload the best policy makes worse); None when there is nothing to compare."""
+    best, base = result.best_trial, result.base
+    if best is None or base is None or best.is_base or len(seeded) < 2:
+        return None
+    table = Table(
+        title=f"best trial against the base policy, {space.objective} per workload",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for col in ("workload", "seed", "base", "best", "change"):
+        table.add_column(col, justify="left" if col == "workload" else "right")
+    for one, before, after in zip(seeded, base.by_workload, best.by_workload, strict=True):
+        change = (after / before - 1.0) * 100.0 if before else math.nan
+        change = 0.0 if round(change, 1) == 0 else change  # no "-0.0%"
+        worse = space.loss(after) > space.loss(before)
+        table.add_row(
+            one.workload.name,
+            str(one.seed),
+            format_number(before, 3),
+            format_number(after, 3),
+            f"[red]{change:+.1f}%[/red]" if worse else f"{change:+.1f}%",
+        )
+    return table
+
+
 def _tune_outcome(space: SearchSpace, result: TuneResult, out: Path) -> str:
     """The line after the table: where the best policy is, or why none was written."""
     trials_csv = out / "trials.csv"
@@ -373,6 +403,9 @@ def register(app: typer.Typer) -> None:
             best_policy = dataclasses.replace(result.best, name=f"{base.name}-tuned")
             best_file.write_text(policy_yaml(best_policy))
         print_fitted(console, _trials_table(space, result, base))
+        per_workload = _per_workload_table(space, result, seeded)
+        if per_workload is not None:
+            print_fitted(console, per_workload)
         console.print(_tune_outcome(space, result, out))
         runs = ([result.base] if result.base is not None else []) + trials
         (out / "trials.json").write_text(

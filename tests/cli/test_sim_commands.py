@@ -695,3 +695,28 @@ def test_tune_runs_one_process_per_cpu_by_default(
         assert result.exit_code == 0, result.output
     # Four trials and the base policy's run: at most five processes, one per CPU by default.
     assert calls == [(None, 5), (1, 5)]
+
+
+def test_tune_shows_the_best_trial_against_the_base_on_each_workload(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [60, 600]\n")
+    out = tmp_path / "o"
+    result = runner.invoke(
+        app, ["tune", str(space), "--seeds", "0,1", "--duration", "3", "--out", str(out)], env=WIDE
+    )
+    assert result.exit_code == 0, result.output
+    runs = json.loads((out / "trials.json").read_text())
+    base = runs[0]
+    best = min(runs[1:], key=lambda r: r["objective"])
+    words = " ".join(result.output.split())  # the table's title wraps
+    if best["objective"] >= base["objective"]:  # the base is best: nothing to compare
+        assert "against the base policy, avg_jct_h per workload" not in words
+        return
+    assert "best trial against the base policy, avg_jct_h per workload" in words
+    for before, after in zip(base["by_workload"], best["by_workload"], strict=True):
+        lines = result.output.splitlines()
+        row = next(line.split() for line in lines if line.split()[:1] == [before["workload"]])
+        assert row[:4] == [
+            before["workload"], str(before["seed"]), f"{before['avg_jct_h']:.3f}",
+            f"{after['avg_jct_h']:.3f}",
+        ]  # fmt: skip
