@@ -258,7 +258,8 @@ def run_comparison(
         runs: the policies.
         seeded: the workload and run options of each seed (at least one).
         cluster: the cluster.
-        out_dir: folder for ``report.json``, ``jobs.csv`` and the plots (of the first seed).
+        out_dir: folder for ``report.json``, ``jobs.csv`` and the plots (``plot_all``: the JCT
+            CDF of every seed, the others of the first).
         json_path: where else to write the JSON report; None for nowhere else.
         workers: processes the runs go in at once (``run_cases``).
 

@@ -38,7 +38,7 @@ from tide.sim_options import (
     chosen_seeds,
     console,
     long_trace_tip,
-    run_options,
+    seed_options,
     seeded_workloads,
     warn_policy,
     worker_count,
@@ -57,8 +57,7 @@ def _seeded_setup(
     skip_bad_rows: bool,
     options: Callable[[int], RunOptions],
 ) -> tuple[list[Seeded], ClusterSpec]:
-    """The cluster, and each seed's workload and run options (the options are checked first)."""
-    options(seeds[0])  # the flags are checked before any file is read
+    """The cluster, and each seed's workload and run options (``seed_options``)."""
     cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
     seeded = seeded_workloads(
         trace=trace,
@@ -122,12 +121,8 @@ def register(app: typer.Typer) -> None:
                 duration_h=duration_h,
                 load=load,
                 skip_bad_rows=skip_bad_rows,
-                options=lambda s: run_options(
-                    seed=s,
-                    horizon_h=horizon_h,
-                    mtbf_h=node_mtbf_h,
-                    outage_h=outage_h,
-                    quiet_s=quiet_s,
+                options=seed_options(
+                    horizon_h=horizon_h, mtbf_h=node_mtbf_h, outage_h=outage_h, quiet_s=quiet_s
                 ),
             )
             policy = load_policy(policy_file) if policy_file else default_policy_for(cluster)
@@ -185,12 +180,8 @@ def register(app: typer.Typer) -> None:
                 duration_h=duration_h,
                 load=load,
                 skip_bad_rows=skip_bad_rows,
-                options=lambda s: run_options(
-                    seed=s,
-                    horizon_h=horizon_h,
-                    mtbf_h=node_mtbf_h,
-                    outage_h=outage_h,
-                    quiet_s=quiet_s,
+                options=seed_options(
+                    horizon_h=horizon_h, mtbf_h=node_mtbf_h, outage_h=outage_h, quiet_s=quiet_s
                 ),
             )
             runs: list[PolicyRun] = []

@@ -193,15 +193,15 @@ def warn_policy(policy: ElasticPolicy, cluster: ClusterSpec) -> None:
         console.print(f"[yellow]warning:[/yellow] {warning}")
 
 
-def run_options(
+def seed_options(
     *,
-    seed: int,
     horizon_h: float | None,
     mtbf_h: float | None,
     outage_h: float | None,
     quiet_s: float | None,
-) -> RunOptions:
-    """The run options the flags give for one seed (its faults and measurement noise).
+) -> Callable[[int], RunOptions]:
+    """The run options the flags give, for each seed (its faults and measurement noise). The
+    flags are checked here, before any file is read; they do not depend on the seed.
 
     Raises:
         typer.BadParameter: a flag that is not a finite positive number, named with its unit
@@ -218,18 +218,23 @@ def run_options(
                 f"must be a finite number of {unit} > 0, got {value:g} (leave it out {unset})",
                 param_hint=flag,
             )
-    faults = FaultOptions(
-        node_mtbf_s=mtbf_h * 3600 if mtbf_h is not None else None,
-        outage_every_s=outage_h * 3600 if outage_h is not None else None,
-        seed=seed,
-    )
-    base = RunOptions()
-    return RunOptions(
-        horizon_s=horizon_h * 3600 if horizon_h is not None else None,
-        faults=faults,
-        metrics=dataclasses.replace(base.metrics, seed=seed),
-        quiet_interval_s=quiet_s,
-    )
+
+    def options(seed: int) -> RunOptions:
+        faults = FaultOptions(
+            node_mtbf_s=mtbf_h * 3600 if mtbf_h is not None else None,
+            outage_every_s=outage_h * 3600 if outage_h is not None else None,
+            seed=seed,
+        )
+        base = RunOptions()
+        return RunOptions(
+            horizon_s=horizon_h * 3600 if horizon_h is not None else None,
+            faults=faults,
+            metrics=dataclasses.replace(base.metrics, seed=seed),
+            quiet_interval_s=quiet_s,
+        )
+
+    options(0)  # FaultOptions and RunOptions check their own fields too
+    return options
 
 
 def trace_seeds(trace: Path, fmt: str, seeds: list[int]) -> list[int]:

@@ -49,8 +49,8 @@ from tide.sim_options import (
     SkipOpt,
     console,
     long_trace_tip,
-    run_options,
     seed_list,
+    seed_options,
     seeded_workloads,
     trace_seeds,
     warn_policy,
@@ -312,16 +312,9 @@ def register(app: typer.Typer) -> None:
         try:
             chosen = seed_list(seeds)
 
-            def options(seed: int) -> RunOptions:
-                return run_options(
-                    seed=seed,
-                    horizon_h=horizon_h,
-                    mtbf_h=node_mtbf_h,
-                    outage_h=outage_h,
-                    quiet_s=quiet_s,
-                )
-
-            options(chosen[0])  # checked before any file is read
+            options = seed_options(  # the flags are checked before any file is read
+                horizon_h=horizon_h, mtbf_h=node_mtbf_h, outage_h=outage_h, quiet_s=quiet_s
+            )
             space = load_search_space(space_file)
             cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
             base = load_policy(policy_file) if policy_file else default_policy_for(cluster)
@@ -339,6 +332,7 @@ def register(app: typer.Typer) -> None:
                 options=options,
             )
             long_trace_tip([one.workload for one in seeded], quiet_s)
+            planned = len(candidates(space))
             if space.method == "random" and distinct_sets(space) < space.trials:
                 console.print(
                     f"note: the search space holds {distinct_sets(space):.0f} parameter sets, "
@@ -353,7 +347,7 @@ def register(app: typer.Typer) -> None:
                 auto_refresh=False,  # no refresh thread while worker processes are forked
             ) as progress:
                 # The base policy runs as well as every candidate.
-                task = progress.add_task("tune", total=len(candidates(space)) + 1)
+                task = progress.add_task("tune", total=planned + 1)
                 progress.refresh()
                 # The bar counts finished trials, and the share of each running trial's jobs
                 # finished so far: a trial on a long trace takes minutes.
@@ -380,7 +374,7 @@ def register(app: typer.Typer) -> None:
                     seeded=seeded,
                     cluster=cluster,
                     out_dir=out,
-                    workers=worker_count(workers, len(candidates(space)) + 1),
+                    workers=worker_count(workers, planned + 1),
                     on_trial=on_trial,
                     on_progress=on_progress,
                 )
