@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 
 from simulations.run import SimResult
-from simulations.workload import Workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,28 +149,6 @@ def summarize(result: SimResult) -> Summary:
         metrics_outages=result.metrics_outages,
         metrics_outage_minutes=result.metrics_outage_s / 60.0,
     )
-
-
-def jct_lower_bound_h(workload: Workload) -> float:
-    """The least average JCT any policy could reach on ``workload``, hours.
-
-    Each job alone on the cluster from its submission, at its fastest size within [min, max],
-    with no queueing and no restart: a bound no scheduler beats, which says how much of a
-    baseline's JCT is left for any elastic policy to remove.
-
-    Args:
-        workload: the jobs.
-
-    Returns:
-        The bound; NaN for an empty workload.
-    """
-    if not workload.jobs:
-        return math.nan
-    bounds = []
-    for job in workload.jobs:
-        fastest = max(job.profile.rate(n) for n in range(job.min_replicas, job.max_replicas + 1))
-        bounds.append(job.work_units / fastest / 3600.0)
-    return float(np.mean(bounds))
 
 
 JOB_COLUMNS = (

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from scheduler_policy.model import QueueName
 from simulations.api import default_policy_for
+from simulations.bounds import alone_jct_bound_h, jct_lower_bound_h
 from simulations.cluster_config import ClusterSpec, QueueSpec
 from simulations.controllers import make_controller
 from simulations.faults import FaultOptions
@@ -69,6 +70,11 @@ def test_every_job_finishes_and_work_is_conserved(
         assert job.done_units == pytest.approx(job.work_units)
         assert job.start_s is not None and job.submit_s <= job.start_s <= job.end_s  # type: ignore[operator]
     assert result.alloc_gpu_s <= CLUSTER.total_gpus * result.end_s + 1e-6
+    # No policy beats the lower bound the comparison prints.
+    jct_h = [(j.end_s - j.submit_s) / 3600.0 for j in result.jobs]  # type: ignore[operator]
+    bound = jct_lower_bound_h(workload, CLUSTER.total_gpus)
+    assert sum(jct_h) / len(jct_h) >= bound - 1e-6
+    assert bound >= alone_jct_bound_h(workload) - 1e-9
 
 
 @settings(max_examples=30, deadline=None)

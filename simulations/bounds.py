@@ -1,0 +1,216 @@
+"""Lower bounds on the average job completion time any policy could reach on a workload.
+
+Two bounds, the second never below the first:
+
+- ``alone_jct_bound_h``: every job alone on the cluster from its submission, at its fastest size,
+  never queued, never restarted. It ignores that jobs share the GPUs, so where they contend it
+  says little.
+- ``jct_lower_bound_h``: a fluid relaxation of the cluster, solved as a linear program. Jobs share
+  the cluster's GPUs in every interval of a time grid; each job may run at any mix of its sizes
+  (or wait) from its submission on, preempted and resized for free. Its GPU cost for a rate is the
+  least its profile allows (the concave envelope of rate against GPUs, from idle). Each job
+  finishes no earlier than the work-weighted mean of the times its work is done plus half its
+  fastest run time (work done at most at the fastest rate ends at least that long after its
+  mean: the mean-busy-time relaxation of single-machine scheduling), and no earlier than its
+  fastest run alone. Work done in an interval
+  counts as done at the interval's start; work past the grid counts as done at its end, with
+  no GPU limit. Each of these relaxes what a real cluster, and the simulator, allow (no gangs,
+  no queue shares, no placement, no restart cost), so no policy beats the bound.
+
+The grid is as fine as ``max_variables`` allows, so the bound is a little looser on workloads
+with many jobs; it is valid at any resolution.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.optimize import linprog
+from scipy.sparse import coo_matrix, csr_matrix, vstack
+
+from simulations.workload import Workload, WorkloadJob
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_VARIABLES = 50_000
+"""The linear program's size for the CLI: about 0.2 s on a built-in or Pollux workload, 2-5% below
+the bound on a grid of 1,000,000 variables (``benchmarks/bound_resolution.py``)."""
+
+MAX_INTERVALS = 2_000
+"""The finest grid: a workload of few jobs needs no more intervals than this."""
+
+
+def _sizes(job: WorkloadJob, total_gpus: int) -> range:
+    """The replica counts ``job`` may run at on a cluster of ``total_gpus`` GPUs."""
+    fitting = min(job.max_replicas, total_gpus // job.gpus_per_replica)
+    if fitting < job.min_replicas:  # never fits: the bound treats it as if it did
+        return range(job.min_replicas, job.max_replicas + 1)
+    return range(job.min_replicas, fitting + 1)
+
+
+def _fastest_s(job: WorkloadJob, sizes: range) -> float:
+    """Seconds ``job`` takes alone at its fastest size among ``sizes``."""
+    return job.work_units / max(job.profile.rate(n) for n in sizes)
+
+
+def alone_jct_bound_h(workload: Workload) -> float:
+    """The average JCT, hours, if every job ran alone from its submission at its fastest size.
+
+    Each job at its fastest size within [min, max], with no queueing and no restart: no scheduler
+    beats it, whatever the cluster.
+
+    Args:
+        workload: the jobs.
+
+    Returns:
+        The bound; NaN for an empty workload.
+    """
+    if not workload.jobs:
+        return math.nan
+    bounds = [
+        _fastest_s(job, range(job.min_replicas, job.max_replicas + 1)) for job in workload.jobs
+    ]
+    return float(np.mean(bounds)) / 3600.0
+
+
+def _envelope(job: WorkloadJob, sizes: range) -> list[tuple[float, float]]:
+    """The job's cheapest GPU cost for each rate, as steps from idle.
+
+    Returns:
+        ``(rate, gpus_per_rate)`` per step, in order: the step adds up to ``rate`` work units
+        per second, each costing ``gpus_per_rate`` GPUs. The steps trace the upper concave
+        envelope of the points (0 GPUs, rate 0) and (GPUs, rate) of each size, so their costs
+        rise from one step to the next.
+    """
+    points = [(0.0, 0.0)] + [(float(n * job.gpus_per_replica), job.profile.rate(n)) for n in sizes]
+    hull: list[tuple[float, float]] = [points[0]]
+    for gpus, rate in sorted(points[1:]):
+        if rate <= hull[-1][1]:
+            continue  # more GPUs for no more speed: never the cheapest way to a rate
+        while len(hull) >= 2:
+            (g1, r1), (g2, r2) = hull[-2], hull[-1]
+            if (r2 - r1) * (gpus - g1) <= (rate - r1) * (g2 - g1):
+                hull.pop()  # the last point lies on or under the chord to the new one
+            else:
+                break
+        hull.append((gpus, rate))
+    return [(r2 - r1, (g2 - g1) / (r2 - r1)) for (g1, r1), (g2, r2) in itertools.pairwise(hull)]
+
+
+def jct_lower_bound_h(
+    workload: Workload, total_gpus: int, *, max_variables: int = DEFAULT_MAX_VARIABLES
+) -> float:
+    """The least average JCT, hours, any policy could reach on ``workload`` (module docstring).
+
+    Args:
+        workload: the jobs.
+        total_gpus: the cluster's GPUs.
+        max_variables: the linear program's size, which sets the time grid's resolution.
+
+    Returns:
+        The bound, never below ``alone_jct_bound_h``; NaN for an empty workload.
+    """
+    jobs = workload.jobs
+    if not jobs:
+        return math.nan
+    sizes = [_sizes(job, total_gpus) for job in jobs]
+    steps = [_envelope(job, s) for job, s in zip(jobs, sizes, strict=True)]
+    fastest = np.array([_fastest_s(job, s) for job, s in zip(jobs, sizes, strict=True)])
+    submit = np.array([job.submit_s for job in jobs])
+    # The grid runs from the first submission to the last one plus the time the cluster needs
+    # for all the work at its cheapest: the optimum hardly does any past it.
+    least_gpu_s = sum(
+        min(job.work_units / job.profile.rate(n) * n * job.gpus_per_replica for n in s)
+        for job, s in zip(jobs, sizes, strict=True)
+    )
+    start, end = float(submit.min()), float(submit.max()) + least_gpu_s / total_gpus
+    cells = sum((end - t) * len(st) for t, st in zip(submit, steps, strict=True))
+    step_s = max(cells / max_variables, (end - start) / MAX_INTERVALS, 1e-9)
+    edges = np.append(np.arange(start, end, step_s), end)
+    solved = _solve(jobs, steps, submit, fastest, edges, total_gpus)
+    alone = float(np.mean(fastest)) / 3600.0
+    if solved is None:
+        return alone
+    return max(solved, alone)
+
+
+def _solve(
+    jobs: Sequence[WorkloadJob],
+    steps: Sequence[list[tuple[float, float]]],
+    submit: np.ndarray,
+    fastest: np.ndarray,
+    edges: np.ndarray,
+    total_gpus: int,
+) -> float | None:
+    """The linear program of ``jct_lower_bound_h``; None if the solver fails.
+
+    Variables, each a share of one job's work: one per (job, interval from its submission on,
+    envelope step), bounded by what that step's rate does in the interval; one per job for work
+    past the grid; then each job's completion time after its submission, hours.
+    """
+    intervals = len(edges) - 1
+    n_jobs = len(jobs)
+    cap_rows, cols, gpu_h, delay_h, upper, owner = [], [], [], [], [], []
+    column = 0
+    for j, (job, job_steps) in enumerate(zip(jobs, steps, strict=True)):
+        first = max(0, int(np.searchsorted(edges, submit[j], side="right")) - 1)
+        begins = np.maximum(edges[first:intervals], submit[j])
+        lengths = edges[first + 1 :] - begins
+        keep = lengths > 0
+        index, begins, lengths = np.arange(first, intervals)[keep], begins[keep], lengths[keep]
+        for rate, gpus_per_rate in job_steps:
+            n = len(index)
+            cap_rows.append(index)
+            cols.append(np.arange(column, column + n))
+            gpu_h.append(np.full(n, job.work_units * gpus_per_rate / 3600.0))
+            delay_h.append((begins - submit[j]) / 3600.0)
+            upper.append(rate * lengths / job.work_units)
+            owner.append(np.full(n, j))
+            column += n
+        # Work past the grid: done at its end at the earliest, on GPUs the grid does not count.
+        delay_h.append(np.array([max(edges[-1] - submit[j], 0.0) / 3600.0]))
+        upper.append(np.array([1.0]))
+        owner.append(np.array([j]))
+        column += 1
+    shares = column
+    delay = np.concatenate(delay_h)
+    job_of = np.concatenate(owner)
+    width = shares + n_jobs
+    # GPU-hours in each interval, at most the cluster's.
+    capacity = coo_matrix(
+        (np.concatenate(gpu_h), (np.concatenate(cap_rows), np.concatenate(cols))),
+        shape=(intervals, width),
+    )
+    # Completion ≥ mean time of the job's work + half its fastest run:
+    # Σ share·delay − completion ≤ −fastest/2.
+    mean_time = coo_matrix(
+        (
+            np.concatenate([delay, -np.ones(n_jobs)]),
+            (np.concatenate([job_of, np.arange(n_jobs)]), np.arange(width)),
+        ),
+        shape=(n_jobs, width),
+    )
+    a_ub = vstack([capacity, mean_time]).tocsr()
+    b_ub = np.concatenate([np.diff(edges) * total_gpus / 3600.0, -fastest / 2 / 3600.0])
+    # Every job's shares add up to all of its work.
+    a_eq = csr_matrix((np.ones(shares), (job_of, np.arange(shares))), shape=(n_jobs, width))
+    bounds = np.column_stack(
+        [
+            np.concatenate([np.zeros(shares), fastest / 3600.0]),
+            np.concatenate([np.concatenate(upper), np.full(n_jobs, np.inf)]),
+        ]
+    )
+    cost = np.concatenate([np.zeros(shares), np.full(n_jobs, 1.0 / n_jobs)])
+    result = linprog(
+        cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=np.ones(n_jobs), bounds=bounds,
+        method="highs",
+    )  # fmt: skip
+    if result.status != 0:
+        logger.warning("the JCT bound's linear program failed (%s); using the alone bound",
+                       result.message)  # fmt: skip
+        return None
+    return float(result.fun)

@@ -1,0 +1,109 @@
+"""The average-JCT lower bounds the comparison and the quality benchmark quote."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scheduler_policy.model import JobKey, QueueName
+from simulations.bounds import alone_jct_bound_h, jct_lower_bound_h
+from simulations.profiles import ScalingProfile
+from simulations.workload import Workload, WorkloadJob
+
+PROFILE = ScalingProfile(name="t", units_per_s=(1.0, 1.8, 2.4, 2.2))  # peaks at 3 replicas
+LINEAR = ScalingProfile(name="linear", units_per_s=(1.0, 2.0, 3.0, 4.0))
+
+
+def job(
+    name: str,
+    *,
+    lo: int,
+    hi: int,
+    work: float,
+    submit_s: float = 0.0,
+    profile: ScalingProfile = PROFILE,
+    gpus: int = 1,
+) -> WorkloadJob:
+    return WorkloadJob(
+        key=JobKey(f"ns/{name}"), submit_s=submit_s, queue=QueueName("q"), elastic=lo != hi,
+        gpus_per_replica=gpus, min_replicas=lo, max_replicas=hi, requested_replicas=lo,
+        work_units=work, profile=profile,
+    )  # fmt: skip
+
+
+def workload(*jobs: WorkloadJob) -> Workload:
+    return Workload(name="w", jobs=tuple(sorted(jobs, key=lambda j: j.submit_s)))
+
+
+@pytest.mark.parametrize(
+    ("jobs", "expected_h"),
+    [
+        ((job("rigid", lo=2, hi=2, work=3600 * 1.8),), 1.0),
+        ((job("elastic", lo=1, hi=4, work=3600 * 2.4),), 1.0),  # fastest at 3, not at max 4
+        ((job("a", lo=1, hi=1, work=3600.0), job("b", lo=2, hi=3, work=3600 * 7.2)), 2.0),
+    ],
+    ids=["rigid-at-its-size", "elastic-at-its-fastest-size", "mean-over-jobs"],
+)
+def test_alone_bound(jobs, expected_h):
+    assert alone_jct_bound_h(workload(*jobs)) == pytest.approx(expected_h)
+    # With GPUs to spare, sharing the cluster costs nothing: both bounds agree.
+    assert jct_lower_bound_h(workload(*jobs), 64) == pytest.approx(expected_h, rel=1e-6)
+
+
+def test_empty_workload_has_no_bound():
+    assert math.isnan(alone_jct_bound_h(Workload(name="w", jobs=())))
+    assert math.isnan(jct_lower_bound_h(Workload(name="w", jobs=()), 4))
+
+
+def test_two_jobs_that_each_need_the_whole_cluster_take_turns():
+    # Each needs all 4 GPUs for 1 h. One runs first (JCT 1 h), the other after it (2 h): the
+    # best average is 1.5 h, however they are interleaved; alone, each would take 1 h.
+    jobs = (job("a", lo=4, hi=4, work=3600 * 4, profile=LINEAR),
+            job("b", lo=4, hi=4, work=3600 * 4, profile=LINEAR))  # fmt: skip
+    assert alone_jct_bound_h(workload(*jobs)) == pytest.approx(1.0)
+    bound = jct_lower_bound_h(workload(*jobs), 4)
+    assert 1.5 - 0.01 <= bound <= 1.5 + 1e-9
+
+
+def test_elastic_jobs_that_share_gpus_gain_nothing_over_running_one_after_the_other():
+    # Linear speedup up to 4 GPUs, 4 GPU-hours each: the best is one at a time at 4 GPUs
+    # (JCTs 1 h and 2 h); sharing 2 + 2 would finish both at 2 h.
+    jobs = (job("a", lo=1, hi=4, work=3600 * 4, profile=LINEAR),
+            job("b", lo=1, hi=4, work=3600 * 4, profile=LINEAR))  # fmt: skip
+    assert 1.5 - 0.01 <= jct_lower_bound_h(workload(*jobs), 4) <= 1.5 + 1e-9
+
+
+def test_a_job_that_scales_poorly_leaves_gpus_to_the_other():
+    # "poor" gains 25% from 4 GPUs, "lin" 4x. Alone, each takes 1 h on 4 GPUs; together on 4
+    # GPUs they contend, so the bound rises above 1 h. It must stay at or below any schedule's
+    # average, e.g. poor on 1 GPU (done at 1.25 h) while lin runs on 3 (3.75 of its 4 units by
+    # then, the last 0.25 on 4 GPUs: done at 1.3125 h).
+    poor = ScalingProfile(name="poor", units_per_s=(1.0, 1.1, 1.2, 1.25))
+    jobs = (job("poor", lo=1, hi=4, work=3600 * 1.25, profile=poor),
+            job("lin", lo=1, hi=4, work=3600 * 4, profile=LINEAR))  # fmt: skip
+    alone = alone_jct_bound_h(workload(*jobs))  # both 1 h at 4 replicas
+    assert alone == pytest.approx(1.0)
+    feasible = (1.25 + 1.3125) / 2
+    bound = jct_lower_bound_h(workload(*jobs), 4)
+    assert alone < bound <= feasible + 1e-9
+
+
+def test_a_later_submission_counts_from_its_own_submission():
+    # b arrives when a (whole cluster, 1 h) is done: no contention, both take 1 h.
+    jobs = (job("a", lo=4, hi=4, work=3600 * 4, profile=LINEAR),
+            job("b", lo=4, hi=4, work=3600 * 4, profile=LINEAR, submit_s=3600.0))  # fmt: skip
+    assert jct_lower_bound_h(workload(*jobs), 4) == pytest.approx(1.0, rel=1e-6)
+    # Half an hour earlier, b must wait for GPUs a holds or share them: 1.25 h on average.
+    jobs = (jobs[0], job("b", lo=4, hi=4, work=3600 * 4, profile=LINEAR, submit_s=1800.0))
+    assert 1.25 - 0.01 <= jct_lower_bound_h(workload(*jobs), 4) <= 1.25 + 1e-9
+
+
+def test_a_coarser_grid_gives_a_looser_bound_never_above_the_finer():
+    jobs = tuple(
+        job(f"j{i}", lo=1, hi=4, work=3600 * (1 + i % 3), profile=LINEAR, submit_s=600.0 * i)
+        for i in range(12)
+    )
+    fine = jct_lower_bound_h(workload(*jobs), 4, max_variables=50_000)
+    coarse = jct_lower_bound_h(workload(*jobs), 4, max_variables=500)
+    assert alone_jct_bound_h(workload(*jobs)) <= coarse <= fine + 1e-9
