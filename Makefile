@@ -42,6 +42,7 @@ bench:
 	$(PYTHON) benchmarks/engine_latency.py --json benchmarks/out/engine_latency.json
 	$(PYTHON) benchmarks/simulate_speed.py --json benchmarks/out/simulate_speed.json
 	$(PYTHON) benchmarks/policy_quality.py --json benchmarks/out/policy_quality.json
+	$(PYTHON) benchmarks/bound_resolution.py --json benchmarks/out/bound_resolution.json
 	$(PYTHON) benchmarks/pollux_batch_whatif.py --json benchmarks/out/pollux_batch_whatif.json
 	$(PYTHON) benchmarks/headroom_tradeoff.py --json benchmarks/out/headroom_tradeoff.json
 	$(PYTHON) benchmarks/checkpoint.py --json benchmarks/out/checkpoint.json
