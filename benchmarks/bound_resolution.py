@@ -24,16 +24,19 @@ from rich.table import Table
 
 from simulations.api import SHARED_TRACES, load_workload
 from simulations.bounds import DEFAULT_MAX_VARIABLES, alone_jct_bound_h, jct_lower_bound_h
+from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
 from simulations.workload import Workload
 
+REPO = Path(__file__).resolve().parents[1]
 SIZES = (DEFAULT_MAX_VARIABLES, 300_000, 1_000_000)
 
 
-def cases() -> list[tuple[str, Workload, int]]:
-    out = [(f"builtin seed {s}", load_workload(seed=s), 32) for s in (1, 8)]
+def cases() -> list[tuple[str, Workload, ClusterSpec]]:
+    out = [(f"builtin seed {s}", load_workload(seed=s), BUILTIN_CLUSTER) for s in (1, 8)]
     pollux = SHARED_TRACES / "pollux-osdi21" / "workloads" / "workload-3.csv"
     if pollux.exists():
-        out.append(("pollux-3", load_workload(trace=pollux), 64))
+        cluster = load_cluster(REPO / "manifests" / "clusters" / "pollux-64.yaml")
+        out.append(("pollux-3", load_workload(trace=pollux), cluster))
     else:
         print(f"skip pollux-3: {pollux} absent")
     return out
@@ -48,7 +51,7 @@ def main() -> None:
     for col in ("case", "alone h", "variables", "bound h", "of finest", "solve s (median)"):
         table.add_column(col, justify="right")
     records: list[dict[str, object]] = []
-    for name, workload, gpus in cases():
+    for name, workload, cluster in cases():
         alone = alone_jct_bound_h(workload)
         found = []
         for size in SIZES:
@@ -56,7 +59,7 @@ def main() -> None:
             # The finest grid is the reference, solved once (about a minute on Pollux 3).
             for _ in range(1 if size == SIZES[-1] else args.repeats):
                 start = time.perf_counter()
-                bound = jct_lower_bound_h(workload, gpus, max_variables=size)
+                bound = jct_lower_bound_h(workload, cluster, max_variables=size)
                 times.append(time.perf_counter() - start)
             found.append((size, bound, statistics.median(times)))
         finest = found[-1][1]

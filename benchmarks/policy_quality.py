@@ -60,7 +60,7 @@ def _case(
                 summarize(run_one(run, workload=workload, cluster=cluster, options=options)),
             )
         )
-    fluid = jct_lower_bound_h(workload, cluster.total_gpus, max_variables=BOUND_VARIABLES)
+    fluid = jct_lower_bound_h(workload, cluster, max_variables=BOUND_VARIABLES)
     return out, (name, seed, alone_jct_bound_h(workload), fluid)
 
 

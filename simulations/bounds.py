@@ -6,16 +6,18 @@ Two bounds, the second never below the first:
   never queued, never restarted. It ignores that jobs share the GPUs, so where they contend it
   says little.
 - ``jct_lower_bound_h``: a fluid relaxation of the cluster, solved as a linear program. Jobs share
-  the cluster's GPUs in every interval of a time grid; each job may run at any mix of its sizes
-  (or wait) from its submission on, preempted and resized for free. Its GPU cost for a rate is the
-  least its profile allows (the concave envelope of rate against GPUs, from idle). Each job
-  finishes no earlier than the work-weighted mean of the times its work is done plus half its
-  fastest run time (work done at most at the fastest rate ends at least that long after its
-  mean: the mean-busy-time relaxation of single-machine scheduling), and no earlier than its
-  fastest run alone. Work done in an interval
-  counts as done at the interval's start; work past the grid counts as done at its end, with
-  no GPU limit. Each of these relaxes what a real cluster, and the simulator, allow (no gangs,
-  no queue shares, no placement, no restart cost), so no policy beats the bound.
+  the cluster's GPUs in every interval of a time grid, and a queue's jobs never hold more than
+  its real capability (its capability, never into other queues' guarantees: Volcano's, which
+  no policy changes). Each job may run at any mix of its sizes (or wait) from its submission
+  on, preempted and resized for free. Its GPU cost for a rate is the least its profile allows
+  (the concave envelope of rate against GPUs, from idle). Each job finishes no earlier than the
+  work-weighted mean of the times its work is done plus half its fastest run time (work done at
+  most at the fastest rate ends at least that long after its mean: the mean-busy-time
+  relaxation of single-machine scheduling), and no earlier than its fastest run alone. Work
+  done in an interval counts as done at the interval's start; work past the grid counts as done
+  at its end, with no GPU limit. Each of these relaxes what a real cluster, and the simulator,
+  allow (no gangs, no deserved shares, no placement, no restart cost), so no policy beats the
+  bound.
 
 The grid is as fine as ``max_variables`` allows, so the bound is a little looser on workloads
 with many jobs; it is valid at any resolution.
@@ -32,6 +34,7 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import coo_matrix, csr_matrix, vstack
 
+from simulations.cluster_config import ClusterSpec
 from simulations.workload import Workload, WorkloadJob
 
 logger = logging.getLogger(__name__)
@@ -44,9 +47,9 @@ MAX_INTERVALS = 2_000
 """The finest grid: a workload of few jobs needs no more intervals than this."""
 
 
-def _sizes(job: WorkloadJob, total_gpus: int) -> range:
-    """The replica counts ``job`` may run at on a cluster of ``total_gpus`` GPUs."""
-    fitting = min(job.max_replicas, total_gpus // job.gpus_per_replica)
+def _sizes(job: WorkloadJob, gpus: int) -> range:
+    """The replica counts ``job`` may run at when it may hold at most ``gpus`` GPUs."""
+    fitting = min(job.max_replicas, gpus // job.gpus_per_replica)
     if fitting < job.min_replicas:  # never fits: the bound treats it as if it did
         return range(job.min_replicas, job.max_replicas + 1)
     return range(job.min_replicas, fitting + 1)
@@ -102,13 +105,14 @@ def _envelope(job: WorkloadJob, sizes: range) -> list[tuple[float, float]]:
 
 
 def jct_lower_bound_h(
-    workload: Workload, total_gpus: int, *, max_variables: int = DEFAULT_MAX_VARIABLES
+    workload: Workload, cluster: ClusterSpec, *, max_variables: int = DEFAULT_MAX_VARIABLES
 ) -> float:
     """The least average JCT, hours, any policy could reach on ``workload`` (module docstring).
 
     Args:
         workload: the jobs.
-        total_gpus: the cluster's GPUs.
+        cluster: its GPUs, and each queue's real capability: the most GPUs the queue's pods
+            can hold, whatever the policy.
         max_variables: the linear program's size, which sets the time grid's resolution.
 
     Returns:
@@ -117,7 +121,13 @@ def jct_lower_bound_h(
     jobs = workload.jobs
     if not jobs:
         return math.nan
-    sizes = [_sizes(job, total_gpus) for job in jobs]
+    total_gpus = cluster.total_gpus
+    ceilings = cluster.real_capability(float(total_gpus))
+    queues = [job.queue or cluster.default_queue(elastic=job.elastic) for job in jobs]
+    # A job never holds more than its queue may.
+    sizes = [
+        _sizes(job, min(total_gpus, int(ceilings[q]))) for job, q in zip(jobs, queues, strict=True)
+    ]
     steps = [_envelope(job, s) for job, s in zip(jobs, sizes, strict=True)]
     fastest = np.array([_fastest_s(job, s) for job, s in zip(jobs, sizes, strict=True)])
     submit = np.array([job.submit_s for job in jobs])
@@ -131,7 +141,13 @@ def jct_lower_bound_h(
     cells = sum((end - t) * len(st) for t, st in zip(submit, steps, strict=True))
     step_s = max(cells / max_variables, (end - start) / MAX_INTERVALS, 1e-9)
     edges = np.append(np.arange(start, end, step_s), end)
-    solved = _solve(jobs, steps, submit, fastest, edges, total_gpus)
+    # The whole cluster's GPUs bound every job's; a queue's ceiling its own jobs', where lower.
+    pools = [(np.ones(len(jobs), dtype=bool), float(total_gpus))] + [
+        (np.array([q == name for q in queues]), cap)
+        for name, cap in ceilings.items()
+        if cap < total_gpus
+    ]
+    solved = _solve(jobs, steps, submit, fastest, edges, pools)
     alone = float(np.mean(fastest)) / 3600.0
     if solved is None:
         return alone
@@ -144,17 +160,21 @@ def _solve(
     submit: np.ndarray,
     fastest: np.ndarray,
     edges: np.ndarray,
-    total_gpus: int,
+    pools: Sequence[tuple[np.ndarray, float]],
 ) -> float | None:
     """The linear program of ``jct_lower_bound_h``; None if the solver fails.
 
     Variables, each a share of one job's work: one per (job, interval from its submission on,
     envelope step), bounded by what that step's rate does in the interval; one per job for work
-    past the grid; then each job's completion time after its submission, hours.
+    past the grid; then each job's completion time after its submission, hours. ``pools`` are
+    (jobs, GPUs): the GPU-hours those jobs use in an interval fit in that many GPUs.
     """
     intervals = len(edges) - 1
     n_jobs = len(jobs)
-    cap_rows, cols, gpu_h, delay_h, upper, owner = [], [], [], [], [], []
+    # Per grid variable: its interval, column, job and GPU-hours per share.
+    at, columns, of_job, gpu_h = [], [], [], []
+    # Per variable, tails included: delay after submission (h), upper bound, job.
+    delay_h, upper, owner = [], [], []
     column = 0
     for j, (job, job_steps) in enumerate(zip(jobs, steps, strict=True)):
         first = max(0, int(np.searchsorted(edges, submit[j], side="right")) - 1)
@@ -164,8 +184,9 @@ def _solve(
         index, begins, lengths = np.arange(first, intervals)[keep], begins[keep], lengths[keep]
         for rate, gpus_per_rate in job_steps:
             n = len(index)
-            cap_rows.append(index)
-            cols.append(np.arange(column, column + n))
+            at.append(index)
+            columns.append(np.arange(column, column + n))
+            of_job.append(np.full(n, j))
             gpu_h.append(np.full(n, job.work_units * gpus_per_rate / 3600.0))
             delay_h.append((begins - submit[j]) / 3600.0)
             upper.append(rate * lengths / job.work_units)
@@ -177,37 +198,40 @@ def _solve(
         owner.append(np.array([j]))
         column += 1
     shares = column
-    delay = np.concatenate(delay_h)
-    job_of = np.concatenate(owner)
     width = shares + n_jobs
-    # GPU-hours in each interval, at most the cluster's.
-    capacity = coo_matrix(
-        (np.concatenate(gpu_h), (np.concatenate(cap_rows), np.concatenate(cols))),
-        shape=(intervals, width),
-    )
+    at_, columns_, of_job_, gpu_h_ = map(np.concatenate, (at, columns, of_job, gpu_h))
+    job_of = np.concatenate(owner)
+    rows, limits = [], []
+    for members, gpus in pools:
+        mine = members[of_job_]
+        rows.append(
+            coo_matrix((gpu_h_[mine], (at_[mine], columns_[mine])), shape=(intervals, width))
+        )
+        limits.append(np.diff(edges) * gpus / 3600.0)
     # Completion ≥ mean time of the job's work + half its fastest run:
     # Σ share·delay − completion ≤ −fastest/2.
-    mean_time = coo_matrix(
-        (
-            np.concatenate([delay, -np.ones(n_jobs)]),
-            (np.concatenate([job_of, np.arange(n_jobs)]), np.arange(width)),
-        ),
-        shape=(n_jobs, width),
+    rows.append(
+        coo_matrix(
+            (
+                np.concatenate([*delay_h, -np.ones(n_jobs)]),
+                (np.concatenate([job_of, np.arange(n_jobs)]), np.arange(width)),
+            ),
+            shape=(n_jobs, width),
+        )
     )
-    a_ub = vstack([capacity, mean_time]).tocsr()
-    b_ub = np.concatenate([np.diff(edges) * total_gpus / 3600.0, -fastest / 2 / 3600.0])
+    limits.append(-fastest / 2 / 3600.0)
     # Every job's shares add up to all of its work.
     a_eq = csr_matrix((np.ones(shares), (job_of, np.arange(shares))), shape=(n_jobs, width))
     bounds = np.column_stack(
         [
             np.concatenate([np.zeros(shares), fastest / 3600.0]),
-            np.concatenate([np.concatenate(upper), np.full(n_jobs, np.inf)]),
+            np.concatenate([*upper, np.full(n_jobs, np.inf)]),
         ]
     )
     cost = np.concatenate([np.zeros(shares), np.full(n_jobs, 1.0 / n_jobs)])
     result = linprog(
-        cost, A_ub=a_ub, b_ub=b_ub, A_eq=a_eq, b_eq=np.ones(n_jobs), bounds=bounds,
-        method="highs",
+        cost, A_ub=vstack(rows).tocsr(), b_ub=np.concatenate(limits), A_eq=a_eq,
+        b_eq=np.ones(n_jobs), bounds=bounds, method="highs",
     )  # fmt: skip
     if result.status != 0:
         logger.warning("the JCT bound's linear program failed (%s); using the alone bound",

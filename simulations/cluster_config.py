@@ -71,6 +71,18 @@ class ClusterSpec:
                 return queue
         return None
 
+    def real_capability(self, healthy_gpus: float) -> dict[QueueName, float]:
+        """The most GPUs each queue may hold: its capability, never into other queues'
+        guarantees (Volcano's real capability), on ``healthy_gpus`` GPUs."""
+        guaranteed = sum(q.guarantee_gpus for q in self.queues)
+        out: dict[QueueName, float] = {}
+        for q in self.queues:
+            cap = healthy_gpus - guaranteed + q.guarantee_gpus
+            if q.capability_gpus is not None:
+                cap = min(cap, q.capability_gpus)
+            out[q.name] = max(0.0, cap)
+        return out
+
     def default_queue(self, *, elastic: bool) -> QueueName:
         """The queue a job without one goes to: the first queue whose ``elastic`` matches."""
         for queue in self.queues:

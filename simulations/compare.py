@@ -323,7 +323,7 @@ def run_comparison(
             cases, cluster=cluster, on_done=advance, workers=workers, on_progress=show
         )
     summaries = [summarize(r) for r in results]
-    bounds = [jct_lower_bound_h(one.workload, cluster.total_gpus) for one in seeded]
+    bounds = [jct_lower_bound_h(one.workload, cluster) for one in seeded]
     if len(seeded) == 1:
         _print_one(console, summaries, first, cluster, bounds[0])
     else:

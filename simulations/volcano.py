@@ -42,15 +42,7 @@ def fifo_order(job: SimJob) -> tuple[float, float]:
 
 def real_capability(core: ClusterCore) -> dict[QueueName, float]:
     """Each queue's real capability: its capability, minus other queues' guarantees."""
-    total = float(core.nodes.healthy_gpus)
-    guaranteed = sum(q.guarantee_gpus for q in core.spec.queues)
-    out: dict[QueueName, float] = {}
-    for q in core.spec.queues:
-        cap = total - guaranteed + q.guarantee_gpus
-        if q.capability_gpus is not None:
-            cap = min(cap, q.capability_gpus)
-        out[q.name] = max(0.0, cap)
-    return out
+    return core.spec.real_capability(float(core.nodes.healthy_gpus))
 
 
 def queue_usage(core: ClusterCore) -> tuple[dict[QueueName, float], dict[QueueName, float]]:

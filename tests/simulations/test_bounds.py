@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from scheduler_policy.model import JobKey, QueueName
 from simulations.bounds import alone_jct_bound_h, jct_lower_bound_h
+from simulations.cluster_config import ClusterSpec, QueueSpec
 from simulations.profiles import ScalingProfile
 from simulations.workload import Workload, WorkloadJob
 
@@ -32,6 +34,12 @@ def job(
     )  # fmt: skip
 
 
+def cluster(gpus: int, *queues: QueueSpec) -> ClusterSpec:
+    return ClusterSpec(
+        name="c", nodes=1, gpus_per_node=gpus, queues=queues or (QueueSpec(QueueName("q")),)
+    )
+
+
 def workload(*jobs: WorkloadJob) -> Workload:
     return Workload(name="w", jobs=tuple(sorted(jobs, key=lambda j: j.submit_s)))
 
@@ -48,12 +56,12 @@ def workload(*jobs: WorkloadJob) -> Workload:
 def test_alone_bound(jobs, expected_h):
     assert alone_jct_bound_h(workload(*jobs)) == pytest.approx(expected_h)
     # With GPUs to spare, sharing the cluster costs nothing: both bounds agree.
-    assert jct_lower_bound_h(workload(*jobs), 64) == pytest.approx(expected_h, rel=1e-6)
+    assert jct_lower_bound_h(workload(*jobs), cluster(64)) == pytest.approx(expected_h, rel=1e-6)
 
 
 def test_empty_workload_has_no_bound():
     assert math.isnan(alone_jct_bound_h(Workload(name="w", jobs=())))
-    assert math.isnan(jct_lower_bound_h(Workload(name="w", jobs=()), 4))
+    assert math.isnan(jct_lower_bound_h(Workload(name="w", jobs=()), cluster(4)))
 
 
 def test_two_jobs_that_each_need_the_whole_cluster_take_turns():
@@ -62,7 +70,7 @@ def test_two_jobs_that_each_need_the_whole_cluster_take_turns():
     jobs = (job("a", lo=4, hi=4, work=3600 * 4, profile=LINEAR),
             job("b", lo=4, hi=4, work=3600 * 4, profile=LINEAR))  # fmt: skip
     assert alone_jct_bound_h(workload(*jobs)) == pytest.approx(1.0)
-    bound = jct_lower_bound_h(workload(*jobs), 4)
+    bound = jct_lower_bound_h(workload(*jobs), cluster(4))
     assert 1.5 - 0.01 <= bound <= 1.5 + 1e-9
 
 
@@ -71,7 +79,7 @@ def test_elastic_jobs_that_share_gpus_gain_nothing_over_running_one_after_the_ot
     # (JCTs 1 h and 2 h); sharing 2 + 2 would finish both at 2 h.
     jobs = (job("a", lo=1, hi=4, work=3600 * 4, profile=LINEAR),
             job("b", lo=1, hi=4, work=3600 * 4, profile=LINEAR))  # fmt: skip
-    assert 1.5 - 0.01 <= jct_lower_bound_h(workload(*jobs), 4) <= 1.5 + 1e-9
+    assert 1.5 - 0.01 <= jct_lower_bound_h(workload(*jobs), cluster(4)) <= 1.5 + 1e-9
 
 
 def test_a_job_that_scales_poorly_leaves_gpus_to_the_other():
@@ -85,7 +93,7 @@ def test_a_job_that_scales_poorly_leaves_gpus_to_the_other():
     alone = alone_jct_bound_h(workload(*jobs))  # both 1 h at 4 replicas
     assert alone == pytest.approx(1.0)
     feasible = (1.25 + 1.3125) / 2
-    bound = jct_lower_bound_h(workload(*jobs), 4)
+    bound = jct_lower_bound_h(workload(*jobs), cluster(4))
     assert alone < bound <= feasible + 1e-9
 
 
@@ -93,10 +101,10 @@ def test_a_later_submission_counts_from_its_own_submission():
     # b arrives when a (whole cluster, 1 h) is done: no contention, both take 1 h.
     jobs = (job("a", lo=4, hi=4, work=3600 * 4, profile=LINEAR),
             job("b", lo=4, hi=4, work=3600 * 4, profile=LINEAR, submit_s=3600.0))  # fmt: skip
-    assert jct_lower_bound_h(workload(*jobs), 4) == pytest.approx(1.0, rel=1e-6)
+    assert jct_lower_bound_h(workload(*jobs), cluster(4)) == pytest.approx(1.0, rel=1e-6)
     # Half an hour earlier, b must wait for GPUs a holds or share them: 1.25 h on average.
     jobs = (jobs[0], job("b", lo=4, hi=4, work=3600 * 4, profile=LINEAR, submit_s=1800.0))
-    assert 1.25 - 0.01 <= jct_lower_bound_h(workload(*jobs), 4) <= 1.25 + 1e-9
+    assert 1.25 - 0.01 <= jct_lower_bound_h(workload(*jobs), cluster(4)) <= 1.25 + 1e-9
 
 
 def test_a_coarser_grid_gives_a_looser_bound_never_above_the_finer():
@@ -104,6 +112,36 @@ def test_a_coarser_grid_gives_a_looser_bound_never_above_the_finer():
         job(f"j{i}", lo=1, hi=4, work=3600 * (1 + i % 3), profile=LINEAR, submit_s=600.0 * i)
         for i in range(12)
     )
-    fine = jct_lower_bound_h(workload(*jobs), 4, max_variables=50_000)
-    coarse = jct_lower_bound_h(workload(*jobs), 4, max_variables=500)
+    fine = jct_lower_bound_h(workload(*jobs), cluster(4), max_variables=50_000)
+    coarse = jct_lower_bound_h(workload(*jobs), cluster(4), max_variables=500)
     assert alone_jct_bound_h(workload(*jobs)) <= coarse <= fine + 1e-9
+
+
+@pytest.mark.parametrize(
+    ("queues", "expected_h"),
+    [
+        ((QueueSpec(QueueName("q"), capability_gpus=2.0),), 2.0),
+        ((QueueSpec(QueueName("q")), QueueSpec(QueueName("p"), guarantee_gpus=3.0)), 4.0),
+        ((QueueSpec(QueueName("q"), guarantee_gpus=1.0), QueueSpec(QueueName("p"))), 1.0),
+    ],
+    ids=["its-capability", "never-into-another-queues-guarantee", "its-own-guarantee-is-its"],
+)
+def test_a_queue_never_holds_more_than_its_real_capability(queues, expected_h):
+    # 4 GPU-hours of linear work in queue q of a 4-GPU cluster: 1 h on all 4 GPUs, unless the
+    # queue may hold fewer (Volcano's real capability, which no policy changes).
+    jobs = (job("a", lo=1, hi=4, work=3600 * 4, profile=LINEAR),)
+    assert jct_lower_bound_h(workload(*jobs), cluster(4, *queues)) == pytest.approx(
+        expected_h, rel=1e-6
+    )
+
+
+def test_queue_ceilings_bind_their_own_jobs_only():
+    # q may hold 2 GPUs, p all 4, each with 4 GPU-hours of linear work: alone, q's job takes
+    # 2 h and p's 1 h. Both on 2 GPUs from the start finish at 2 h. Were p's job capped too,
+    # no schedule would average under 2 h.
+    queues = (QueueSpec(QueueName("q"), capability_gpus=2.0), QueueSpec(QueueName("p")))
+    jobs = (job("a", lo=1, hi=4, work=3600 * 4, profile=LINEAR),
+            dataclasses.replace(job("b", lo=1, hi=4, work=3600 * 4, profile=LINEAR),
+                                queue=QueueName("p")))  # fmt: skip
+    bound = jct_lower_bound_h(workload(*jobs), cluster(4, *queues))
+    assert 1.5 < bound < 2.0

@@ -72,7 +72,7 @@ def test_every_job_finishes_and_work_is_conserved(
     assert result.alloc_gpu_s <= CLUSTER.total_gpus * result.end_s + 1e-6
     # No policy beats the lower bound the comparison prints.
     jct_h = [(j.end_s - j.submit_s) / 3600.0 for j in result.jobs]  # type: ignore[operator]
-    bound = jct_lower_bound_h(workload, CLUSTER.total_gpus)
+    bound = jct_lower_bound_h(workload, CLUSTER)
     assert sum(jct_h) / len(jct_h) >= bound - 1e-6
     assert bound >= alone_jct_bound_h(workload) - 1e-9
 
