@@ -1,19 +1,21 @@
 """Every policy on the built-in workload, Pollux workloads 1-4 and an ITP cluster, several seeds.
 
     python benchmarks/policy_quality.py [--json PATH] [--seeds 0,1,2] [--builtin-seeds 0,...,9]
-                                        [--itp-days 7]
+                                        [--pollux-seeds 0,...,4] [--itp-days 7]
 
 The built-in workload runs twice: at its default (offered load 0.7 of the cluster's GPUs over
 24 h) and overloaded (1.5 over 8 h). Prints average JCT, p95 queueing delay of non-elastic jobs
 and GPU-hours lost (restarts + kills) per policy and case, and tide's JCT ratio against
 ``static`` and ``threshold`` (same run, same workload). Targets: tide >= 30% lower average JCT
 than static and >= 15% lower than threshold, without a higher p95 queueing delay for non-elastic
-jobs. Pollux workloads are all-elastic (no non-elastic jobs). The ITP case replays the first
-``--itp-days`` days of cluster04 once per seed (the seed picks which jobs are elastic). A second
-table gives each case's average-JCT lower bounds, which say how much of static's JCT any policy
-could remove at all: every job alone at its fastest size, never queued, and the tighter fluid
-relaxation ``tide simulate`` prints (jobs sharing the GPUs; ``simulations.bounds``), here on a
-finer grid. A last table judges the targets on medians over seeds.
+jobs. Pollux workloads are all-elastic (no non-elastic jobs); each runs once per
+``--pollux-seeds`` seed, which draws the measurement noise the engine sees. The ITP case
+replays the first ``--itp-days`` days of cluster04 once per seed (the seed picks which jobs are
+elastic). A second table gives each case's average-JCT lower bounds, which say how much of
+static's JCT any policy could remove at all: every job alone at its fastest size, never queued,
+and the tighter fluid relaxation ``tide simulate`` prints (jobs sharing the GPUs;
+``simulations.bounds``), here on a finer grid. A last table judges the targets on medians over
+seeds.
 """
 
 from __future__ import annotations
@@ -44,9 +46,7 @@ BOUND_VARIABLES = 300_000
 case (``benchmarks/bound_resolution.py``)."""
 
 
-def _case(
-    args: tuple[str, int, Workload, ClusterSpec],
-) -> tuple[list[tuple[str, int, Summary]], tuple[str, int, float, float]]:
+def _case(args: tuple[str, int, Workload, ClusterSpec]) -> list[tuple[str, int, Summary]]:
     name, seed, workload, cluster = args
     policy = default_policy_for(cluster)
     options = RunOptions(metrics=dataclasses.replace(RunOptions().metrics, seed=seed))
@@ -60,12 +60,18 @@ def _case(
                 summarize(run_one(run, workload=workload, cluster=cluster, options=options)),
             )
         )
+    return out
+
+
+def _bounds(args: tuple[Workload, ClusterSpec]) -> tuple[float, float]:
+    """A workload's alone and fluid average-JCT lower bounds on a cluster."""
+    workload, cluster = args
     fluid = jct_lower_bound_h(workload, cluster, max_variables=BOUND_VARIABLES)
-    return out, (name, seed, alone_jct_bound_h(workload), fluid)
+    return alone_jct_bound_h(workload), fluid
 
 
 def quality_cases(
-    seeds: list[int], builtin_seeds: list[int], itp_days: float
+    seeds: list[int], builtin_seeds: list[int], itp_days: float, pollux_seeds: list[int]
 ) -> list[tuple[str, int, Workload, ClusterSpec]]:
     # The built-in workload is small (about 55 jobs in its day), so one job started earlier
     # reorders the rest: it runs on more seeds than the rest, and the targets use the median.
@@ -81,7 +87,10 @@ def quality_cases(
     for i in range(1, 5):
         path = SHARED_TRACES / "pollux-osdi21" / "workloads" / f"workload-{i}.csv"
         if path.exists():
-            cases.append((f"pollux-{i}", 0, load_workload(trace=path), pollux_cluster))
+            # The same jobs at each seed; the seed draws the throughput measurements' noise,
+            # and one measurement can reorder every later decision.
+            workload = load_workload(trace=path)
+            cases += [(f"pollux-{i}", s, workload, pollux_cluster) for s in pollux_seeds]
         else:
             print(f"skip pollux-{i}: {path} absent")
     itp = SHARED_TRACES / "elasticflow-itp" / "raw-traces.tar.gz"
@@ -101,6 +110,9 @@ def add_case_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", default="0,1,2", help="seeds of the ITP case")
     parser.add_argument("--builtin-seeds", default=",".join(map(str, range(10))))
     parser.add_argument("--itp-days", type=float, default=7.0)
+    parser.add_argument(
+        "--pollux-seeds", default="0,1,2,3,4", help="measurement-noise seeds of Pollux cases"
+    )
     parser.add_argument("--workers", type=int, default=2)
 
 
@@ -110,6 +122,7 @@ def cases_from(args: argparse.Namespace) -> list[tuple[str, int, Workload, Clust
         [int(s) for s in args.seeds.split(",")],
         [int(s) for s in args.builtin_seeds.split(",")],
         args.itp_days,
+        [int(s) for s in args.pollux_seeds.split(",")],
     )
 
 
@@ -165,10 +178,12 @@ def main() -> None:
     add_case_options(parser)
     args = parser.parse_args()
     cases = cases_from(args)
+    # Each distinct workload's bounds once (a Pollux workload is the same at every seed).
+    distinct = {id(workload): (workload, cluster) for _, _, workload, cluster in cases}
     with ProcessPoolExecutor(args.workers) as pool:
-        results = list(pool.map(_case, cases))
-    rows = [r for out, _ in results for r in out]
-    bounds = {(name, seed): (alone, fluid) for _, (name, seed, alone, fluid) in results}
+        rows = [r for out in pool.map(_case, cases) for r in out]
+        found = dict(zip(distinct, pool.map(_bounds, distinct.values()), strict=True))
+    bounds = {(name, seed): found[id(workload)] for name, seed, workload, _ in cases}
     console = Console(width=160)
     table = Table(title="policy quality (h = hours)")
     for col in (
