@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -18,9 +19,10 @@ from scheduler_policy.errors import TideError
 from scheduler_policy.policy import ElasticPolicy
 from scheduler_policy.policy_file import load_policy, policy_yaml
 from simulations.api import Seeded, default_policy_for
+from simulations.bounds import jct_lower_bound_h
 from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
+from simulations.compare import BOUND_TERMS, print_fitted
 from simulations.compare import fmt as format_number
-from simulations.compare import print_fitted
 from simulations.errors import SimulationError
 from simulations.run import RunOptions
 from simulations.tune import (
@@ -401,6 +403,13 @@ def register(app: typer.Typer) -> None:
         if per_workload is not None:
             print_fitted(console, per_workload)
         console.print(_tune_outcome(space, result, out))
+        if space.objective == "avg_jct_h":
+            # How far the search could go at all: the comparison's lower bound, per workload.
+            bounds = [jct_lower_bound_h(one.workload, cluster) for one in seeded]
+            console.print(
+                f"no policy can bring avg_jct_h below {statistics.fmean(bounds):.4g} on these "
+                f"workloads (the mean of their lower bounds: {BOUND_TERMS})"
+            )
         runs = ([result.base] if result.base is not None else []) + trials
         (out / "trials.json").write_text(
             json.dumps([_trial_record(space, t, base, seeded) for t in runs])

@@ -171,6 +171,14 @@ def test_tune_writes_trials_and_best_policy(tmp_path: Path) -> None:
         change = (objective[best.defaults.cooldown_s] / objective[300.0] - 1) * 100
         assert f"avg_jct_h {objective[best.defaults.cooldown_s]:.4g}; the base policy " in text
         assert f"{objective[300.0]:.4g}, {change:+.1f}%)" in text
+    # How far any policy could go: the same lower bound simulate prints for this workload.
+    from simulations.api import load_workload
+    from simulations.bounds import jct_lower_bound_h
+    from simulations.cluster_config import BUILTIN_CLUSTER
+
+    bound = jct_lower_bound_h(load_workload(duration_s=2 * 3600.0), BUILTIN_CLUSTER)
+    assert f"no policy can bring avg_jct_h below {bound:.4g} on these workloads" in text
+    assert bound <= min(objective.values())
     records = json.loads((out / "trials.json").read_text())
     assert [r["trial"] for r in records] == ["base", 0, 1]
     assert records[0]["params"] == {"defaults.cooldown_s": 300.0}
@@ -179,6 +187,17 @@ def test_tune_writes_trials_and_best_policy(tmp_path: Path) -> None:
         assert [(w["workload"], w["seed"]) for w in r["by_workload"]] == [
             (records[0]["by_workload"][0]["workload"], 0)
         ]
+
+
+def test_tune_gives_the_jct_bound_only_for_an_average_jct_objective(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "method: grid\nobjective: useful_utilization\nparameters:\n  defaults.cooldown_s: [60]\n"
+    )
+    out = tmp_path / "tune"
+    result = runner.invoke(app, ["tune", str(space), "--duration", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "no policy can bring" not in result.output
 
 
 def test_tune_bad_space_exits_1(tmp_path: Path) -> None:
