@@ -145,3 +145,29 @@ def test_queue_ceilings_bind_their_own_jobs_only():
                                 queue=QueueName("p")))  # fmt: skip
     bound = jct_lower_bound_h(workload(*jobs), cluster(4, *queues))
     assert 1.5 < bound < 2.0
+
+
+def test_too_many_jobs_for_the_grid_give_the_alone_bound():
+    # Twenty jobs that contend for 4 GPUs: a grid of 4,000 variables sees it, one of 40 cannot.
+    jobs = tuple(job(f"j{i}", lo=4, hi=4, work=3600 * 4, profile=LINEAR) for i in range(20))
+    assert jct_lower_bound_h(workload(*jobs), cluster(4), max_variables=4_000) > 5.0
+    alone = alone_jct_bound_h(workload(*jobs))
+    assert jct_lower_bound_h(workload(*jobs), cluster(4), max_variables=40) == alone == 1.0
+
+
+def test_the_interior_point_method_takes_over_from_a_simplex_that_runs_out_of_time(caplog):
+    # Twenty identical jobs: a degenerate program the dual simplex takes several seconds to
+    # solve, the interior-point method a fraction of one. Twenty turns of 1 h: 10.5 h on average.
+    jobs = tuple(job(f"j{i}", lo=4, hi=4, work=3600 * 4, profile=LINEAR) for i in range(20))
+    with caplog.at_level("INFO", logger="simulations.bounds"):
+        bound = jct_lower_bound_h(workload(*jobs), cluster(4), solve_limit_s=2.0)
+    assert "highs-ds solver stopped" in caplog.text
+    assert bound == pytest.approx(10.5, abs=0.01)
+
+
+def test_no_solver_in_time_gives_the_alone_bound(caplog):
+    jobs = tuple(job(f"j{i}", lo=4, hi=4, work=3600 * 4, profile=LINEAR) for i in range(20))
+    with caplog.at_level("INFO", logger="simulations.bounds"):
+        bound = jct_lower_bound_h(workload(*jobs), cluster(4), solve_limit_s=1e-6)
+    assert "using the alone bound" in caplog.text
+    assert bound == alone_jct_bound_h(workload(*jobs)) == 1.0
