@@ -74,6 +74,15 @@ def test_two_jobs_that_each_need_the_whole_cluster_take_turns():
     assert 1.5 - 0.01 <= bound <= 1.5 + 1e-9
 
 
+@pytest.mark.parametrize(("gpus", "expected_h"), [(2, 1.0), (4, 1.5)])
+def test_a_replica_holds_its_gpus_per_replica(gpus, expected_h):
+    # Two one-replica jobs of 1 h each on 4 GPUs: side by side at 2 GPUs a replica, in turns at 4.
+    jobs = (job("a", lo=1, hi=1, work=3600.0, gpus=gpus),
+            job("b", lo=1, hi=1, work=3600.0, gpus=gpus))  # fmt: skip
+    bound = jct_lower_bound_h(workload(*jobs), cluster(4))
+    assert expected_h - 0.01 <= bound <= expected_h + 1e-9
+
+
 def test_elastic_jobs_that_share_gpus_gain_nothing_over_running_one_after_the_other():
     # Linear speedup up to 4 GPUs, 4 GPU-hours each: the best is one at a time at 4 GPUs
     # (JCTs 1 h and 2 h); sharing 2 + 2 would finish both at 2 h.
