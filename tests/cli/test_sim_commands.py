@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,11 @@ def test_simulate_writes_report_and_plots(tmp_path: Path) -> None:
     assert [s["policy"] for s in doc["summaries"]] == ["tide", "static"]
     bound = doc["meta"]["avg_jct_lower_bound_h"]
     assert 0 < bound <= min(s["avg_jct_h"] for s in doc["summaries"])
-    assert f"below {bound:.2f} h" in " ".join(result.output.split())
+    words = " ".join(result.output.split())
+    assert f"below {bound:.2f} h" in words
+    tide = doc["summaries"][0]
+    assert tide["finished"] == tide["jobs"]
+    assert f"tide's average is {tide['avg_jct_h'] / bound:.2f} times it" in words
     assert {p.name for p in out.iterdir()} == {
         "report.json",
         "jobs.csv",
@@ -554,6 +559,11 @@ def test_simulate_over_seeds_reports_each_seed_and_their_medians(tmp_path: Path)
     ratios = [s["avg_jct_h"] for s in doc["summaries"]]
     per_seed = f"{ratios[0] / ratios[1]:.2f} {ratios[2] / ratios[3]:.2f}"
     assert "tide ÷ static, average JCT: median" in text and f"(per seed: {per_seed})" in text
+    bounds = doc["meta"]["avg_jct_lower_bound_h_by_seed"]
+    to_bound = statistics.median(
+        s["avg_jct_h"] / b for s, b in zip(doc["summaries"][::2], bounds, strict=True)
+    )
+    assert f"tide's average is {to_bound:.2f} times it (median over the seeds)" in text
 
 
 @pytest.mark.parametrize(
