@@ -72,8 +72,15 @@ class ClusterSpec:
         return None
 
     def real_capability(self, healthy_gpus: float) -> dict[QueueName, float]:
-        """The most GPUs each queue may hold: its capability, never into other queues'
-        guarantees (Volcano's real capability), on ``healthy_gpus`` GPUs."""
+        """The most GPUs each queue may hold: Volcano's real capability.
+
+        Args:
+            healthy_gpus: the GPUs of the cluster's healthy nodes.
+
+        Returns:
+            Each queue's capability (or every healthy GPU), less the other queues' guarantees,
+            never below 0.
+        """
         guaranteed = sum(q.guarantee_gpus for q in self.queues)
         out: dict[QueueName, float] = {}
         for q in self.queues:
