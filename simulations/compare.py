@@ -25,7 +25,7 @@ from simulations.run import SimResult
 
 BOUND_TERMS = (
     "a relaxation: every job from its submission at its best sizes, sharing the cluster's GPUs "
-    "with no gangs, queue shares or restarts"
+    "within each queue's capability, with no gangs, deserved shares or restarts"
 )
 """What the printed lower bound assumes (``simulations.bounds.jct_lower_bound_h``)."""
 
