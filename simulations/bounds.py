@@ -151,7 +151,8 @@ def jct_lower_bound_h(
     fastest = np.array([_fastest_s(job, s) for job, s in zip(jobs, sizes, strict=True)])
     submit = np.array([job.submit_s for job in jobs])
     # The grid runs from the first submission to the last one plus the time the cluster needs
-    # for all the work at its cheapest: the optimum hardly does any past it.
+    # for all the work at its cheapest. Work past it still counts, as done at its end, so where
+    # the grid ends sets only how tight the bound is, not whether it holds.
     least_gpu_s = sum(
         min(job.work_units / job.profile.rate(n) * n * job.gpus_per_replica for n in s)
         for job, s in zip(jobs, sizes, strict=True)
