@@ -193,8 +193,8 @@ def _solve(
     """
     intervals = len(edges) - 1
     n_jobs = len(jobs)
-    # Per grid variable: its interval, column, job and GPU-hours per share.
-    at, columns, of_job, gpu_h = [], [], [], []
+    # Per grid variable: its interval, column and GPU-hours per share.
+    at, columns, gpu_h = [], [], []
     # Per variable, tails included: delay after submission (h), upper bound, job.
     delay_h, upper, owner = [], [], []
     column = 0
@@ -208,7 +208,6 @@ def _solve(
             n = len(index)
             at.append(index)
             columns.append(np.arange(column, column + n))
-            of_job.append(np.full(n, j))
             gpu_h.append(np.full(n, job.work_units * gpus_per_rate / 3600.0))
             delay_h.append((begins - submit[j]) / 3600.0)
             upper.append(rate * lengths / job.work_units)
@@ -221,11 +220,11 @@ def _solve(
         column += 1
     shares = column
     width = shares + n_jobs
-    at_, columns_, of_job_, gpu_h_ = map(np.concatenate, (at, columns, of_job, gpu_h))
+    at_, columns_, gpu_h_ = map(np.concatenate, (at, columns, gpu_h))
     job_of = np.concatenate(owner)
     rows, limits = [], []
     for members, gpus in pools:
-        mine = members[of_job_]
+        mine = members[job_of[columns_]]
         rows.append(
             coo_matrix((gpu_h_[mine], (at_[mine], columns_[mine])), shape=(intervals, width))
         )

@@ -398,7 +398,7 @@ def _print_one(
         console.print(f"skipped {workload.skipped_rows} bad trace row(s)")
     console.print(
         f"no policy can bring the average JCT of all jobs below {bound_h:.2f} h ({BOUND_TERMS})"
-        + _to_bound(summaries[0], [summaries[0]], [bound_h])
+        + _to_bound([summaries[0]], [bound_h])
     )
     faults = one.options.faults
     if faults.node_mtbf_s is not None or faults.outage_every_s is not None:
@@ -412,16 +412,17 @@ def _print_one(
         )
 
 
-def _to_bound(first: Summary, runs: Sequence[Summary], bounds: Sequence[float]) -> str:
-    """How far the first policy's average JCT is from the bound (the median over seeds), for
-    the runs that finished every job: an average over fewer jobs is not comparable."""
+def _to_bound(runs: Sequence[Summary], bounds: Sequence[float]) -> str:
+    """How far one policy's average JCT is from the bound, given its run on each seed (the
+    median over seeds), for the runs that finished every job: an average over fewer jobs is
+    not comparable."""
     ratios = [
         s.avg_jct_h / b for s, b in zip(runs, bounds, strict=True) if s.finished == s.jobs and b > 0
     ]
     if not ratios:
         return ""
     median = " (median over the seeds)" if len(runs) > 1 else ""
-    return f"; {first.policy}'s average is {_median(ratios):.2f} times it{median}"
+    return f"; {runs[0].policy}'s average is {_median(ratios):.2f} times it{median}"
 
 
 def _print_seeds(
@@ -454,7 +455,7 @@ def _print_seeds(
     console.print(
         f"no policy can bring the average JCT of all jobs below {_median(bounds):.2f} h, median "
         f"over the seeds ({min(bounds):.2f}–{max(bounds):.2f}; {BOUND_TERMS})"
-        + _to_bound(summaries[0], [s for s in summaries if s.policy == reference], bounds)
+        + _to_bound([s for s in summaries if s.policy == reference], bounds)
     )
     faults = seeded[0].options.faults
     if faults.node_mtbf_s is not None or faults.outage_every_s is not None:
