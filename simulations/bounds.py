@@ -52,7 +52,7 @@ SOLVE_LIMIT_S = 5.0
 MIN_CELLS_PER_JOB = 4
 """Below this many grid cells per job the grid is too coarse to say much more than the alone bound
 (on the whole Philly list, 82,247 jobs, it said nothing more, after seconds of solving), so the
-alone bound is returned at once."""
+alone bound is returned at once: every job alone at its fastest size within its queue's ceiling."""
 
 
 def _sizes(job: WorkloadJob, gpus: int) -> range:
@@ -136,10 +136,6 @@ def jct_lower_bound_h(
     jobs = workload.jobs
     if not jobs:
         return math.nan
-    if len(jobs) * MIN_CELLS_PER_JOB > max_variables:
-        logger.info("%d jobs are too many for a %d-variable grid: the alone bound",
-                    len(jobs), max_variables)  # fmt: skip
-        return alone_jct_bound_h(workload)
     total_gpus = cluster.total_gpus
     ceilings = cluster.real_capability(float(total_gpus))
     queues = [job.queue or cluster.default_queue(elastic=job.elastic) for job in jobs]
@@ -147,8 +143,15 @@ def jct_lower_bound_h(
     sizes = [
         _sizes(job, min(total_gpus, int(ceilings[q]))) for job, q in zip(jobs, queues, strict=True)
     ]
-    steps = [_envelope(job, s) for job, s in zip(jobs, sizes, strict=True)]
     fastest = np.array([_fastest_s(job, s) for job, s in zip(jobs, sizes, strict=True)])
+    # Every job alone, at its fastest size within its queue's ceiling: the bound when the
+    # program cannot be solved, and a floor under the program's answer.
+    alone = float(np.mean(fastest)) / 3600.0
+    if len(jobs) * MIN_CELLS_PER_JOB > max_variables:
+        logger.info("%d jobs are too many for a %d-variable grid: the alone bound",
+                    len(jobs), max_variables)  # fmt: skip
+        return alone
+    steps = [_envelope(job, s) for job, s in zip(jobs, sizes, strict=True)]
     submit = np.array([job.submit_s for job in jobs])
     # The grid runs from the first submission to the last one plus the time the cluster needs
     # for all the work at its cheapest. Work past it still counts, as done at its end, so where
@@ -168,7 +171,6 @@ def jct_lower_bound_h(
         if cap < total_gpus
     ]
     solved = _solve(jobs, steps, submit, fastest, edges, pools, solve_limit_s)
-    alone = float(np.mean(fastest)) / 3600.0
     if solved is None:
         return alone
     return max(solved, alone)

@@ -164,6 +164,19 @@ def test_too_many_jobs_for_the_grid_give_the_alone_bound():
     assert jct_lower_bound_h(workload(*jobs), cluster(4), max_variables=40) == alone == 1.0
 
 
+def test_both_fallbacks_keep_each_job_within_its_queues_ceiling(caplog):
+    # q may hold 2 GPUs: alone, each job's 4 GPU-hours take 2 h there, not 1 h on all 4 GPUs,
+    # whether the grid is too coarse for the jobs or no solver finishes in time.
+    capped = cluster(4, QueueSpec(QueueName("q"), capability_gpus=2.0))
+    jobs = tuple(job(f"j{i}", lo=1, hi=4, work=3600 * 4, profile=LINEAR) for i in range(20))
+    assert alone_jct_bound_h(workload(*jobs)) == 1.0
+    with caplog.at_level("INFO", logger="simulations.bounds"):
+        assert jct_lower_bound_h(workload(*jobs), capped, max_variables=40) == 2.0
+        assert jct_lower_bound_h(workload(*jobs), capped, solve_limit_s=1e-6) == 2.0
+    assert "too many for a 40-variable grid" in caplog.text
+    assert "using the alone bound" in caplog.text
+
+
 def test_the_interior_point_method_takes_over_from_a_simplex_that_runs_out_of_time(caplog):
     # Twenty identical jobs: a degenerate program the dual simplex takes several seconds to
     # solve, the interior-point method a fraction of one. Twenty turns of 1 h: 10.5 h on average.
