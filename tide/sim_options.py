@@ -237,13 +237,6 @@ def seed_options(
     return options
 
 
-def trace_seeds(trace: Path, fmt: str, seeds: list[int]) -> list[int]:
-    """The seeds a trace is worth loading with: Philly and ITP traces give each job an
-    elasticity and a job type by seed; the others are the same whatever the seed (one load)."""
-    detected = detect_format(trace) if fmt == "auto" else fmt
-    return seeds if detected in SEEDED_FORMATS else seeds[:1]
-
-
 def seeded_workloads(
     *,
     trace: Path | None,
@@ -257,25 +250,32 @@ def seeded_workloads(
     options: Callable[[int], RunOptions],
 ) -> list[Seeded]:
     """Each seed's workload (``trace``, or the built-in workload's draw when it is None) with
-    that seed's run options."""
-    return [
-        Seeded(
-            s,
-            load_workload(
-                trace=trace,
-                trace_format=fmt,
-                member=member,
-                seed=s,
-                duration_s=duration_h * 3600,
-                load=load,
-                cluster_gpus=cluster.total_gpus,
-                skip_bad_rows=skip_bad_rows,
-                gpus_per_node=cluster.gpus_per_node,
-            ),
-            options(s),
+    that seed's run options (its measurement noise and faults).
+
+    Philly and ITP traces give each job an elasticity and a job type by seed, so they are read
+    once per seed; the other formats' jobs are the same whatever the seed, so they are read once.
+    """
+
+    def read(seed: int) -> Workload:
+        return load_workload(
+            trace=trace,
+            trace_format=fmt,
+            member=member,
+            seed=seed,
+            duration_s=duration_h * 3600,
+            load=load,
+            cluster_gpus=cluster.total_gpus,
+            skip_bad_rows=skip_bad_rows,
+            gpus_per_node=cluster.gpus_per_node,
         )
-        for s in seeds
-    ]
+
+    seed_free = trace is not None and (
+        (detect_format(trace) if fmt == "auto" else fmt) not in SEEDED_FORMATS
+    )
+    if seed_free and seeds:
+        once = read(seeds[0])
+        return [Seeded(s, once, options(s)) for s in seeds]
+    return [Seeded(s, read(s), options(s)) for s in seeds]
 
 
 LONG_TRACE_DAYS = 7.0

@@ -54,7 +54,6 @@ from tide.sim_options import (
     seed_list,
     seed_options,
     seeded_workloads,
-    trace_seeds,
     warn_policy,
     worker_count,
     writable_folder,
@@ -73,10 +72,10 @@ def _tune_workloads(
     skip_bad_rows: bool,
     options: Callable[[int], RunOptions],
 ) -> list[Seeded]:
-    """What every trial of ``tide tune`` runs on: each trace once per seed it depends on
-    (``trace_seeds``), or the built-in workload's draw for each seed. Each workload runs with
-    its seed's measurement noise and faults, as ``tide simulate --seed`` runs it, so that a
-    trial's figures are the ones a simulation of its policy shows.
+    """What every trial of ``tide tune`` runs on: each trace, or the built-in workload's draw,
+    at each seed. Each runs with its seed's measurement noise and faults (and, on Philly and
+    ITP traces, its elastic jobs and job types), as ``tide simulate --seeds`` runs it, so that
+    a trial's figures are the ones a simulation of its policy shows.
 
     Raises:
         SimulationError: a trace given twice (however spelled), or one that cannot be read.
@@ -93,7 +92,7 @@ def _tune_workloads(
             trace=trace,
             fmt=fmt,
             member=member,
-            seeds=seeds if trace is None else trace_seeds(trace, fmt, seeds),
+            seeds=seeds,
             cluster=cluster,
             duration_h=duration_h,
             load=load,

@@ -12,6 +12,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from simulations.api import Seeded
 from tests.simulations.helpers import interrupt_after
 from tide import sim_commands, tune_command
 
@@ -586,34 +587,39 @@ def test_bad_seeds_are_refused_before_anything_runs(
 
 
 @pytest.mark.parametrize(
-    ("header", "row", "expected"),
+    ("header", "row", "reads"),
     [
         ("timestamp,duration,num_gpus,gpu_time,cluster", "2017-10-09 07:01:55,600.0,2,1200.0,c", 3),
         ("job_id,submit_s,replicas,duration_s", "a,0,2,600", 1),
     ],
-    ids=["philly-one-workload-per-seed", "tide-trace-once"],
+    ids=["philly-drawn-per-seed", "tide-trace-read-once"],
 )
-def test_tune_seeds_draw_a_philly_trace_once_per_seed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, header: str, row: str, expected: int
+def test_tune_runs_a_trace_at_every_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, header: str, row: str, reads: int
 ) -> None:
     trace = tmp_path / "t.csv"
     trace.write_text(f"{header}\n{row}\n")
     space = tmp_path / "space.yaml"
     space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [60]\n")
-    seen: list[int] = []
+    seen: list[Seeded] = []
 
     class Stop(Exception):
         pass
 
     def fake_tune(**kwargs: object) -> None:
-        seen.append(len(kwargs["seeded"]))  # type: ignore[arg-type]
+        seen.extend(kwargs["seeded"])  # type: ignore[arg-type]
         raise Stop
 
     monkeypatch.setattr(tune_command, "tune", fake_tune)
-    args = ["tune", str(space), "--trace", str(trace), "--seeds", "0,1,2"]
+    args = ["tune", str(space), "--trace", str(trace), "--seeds", "0,1,2", "--node-mtbf", "50"]
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "o")])
     assert isinstance(result.exception, Stop)
-    assert seen == [expected]
+    # Every seed runs with its own measurement noise and faults, as simulate --seeds runs it;
+    # only Philly and ITP traces draw their jobs again for each seed.
+    assert [one.seed for one in seen] == [0, 1, 2]
+    assert [one.options.metrics.seed for one in seen] == [0, 1, 2]
+    assert [one.options.faults.seed for one in seen] == [0, 1, 2]
+    assert len({id(one.workload) for one in seen}) == reads
 
 
 def test_tune_takes_the_replay_options_of_simulate(
