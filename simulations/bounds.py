@@ -176,6 +176,16 @@ def jct_lower_bound_h(
     return max(solved, alone)
 
 
+def jct_lower_bounds_h(workloads: Sequence[Workload], cluster: ClusterSpec) -> list[float]:
+    """``jct_lower_bound_h`` of each workload, solving a workload given more than once (the
+    same object, as a trace at several seeds is) once."""
+    solved: dict[int, float] = {}
+    for workload in workloads:
+        if id(workload) not in solved:
+            solved[id(workload)] = jct_lower_bound_h(workload, cluster)
+    return [solved[id(workload)] for workload in workloads]
+
+
 def _solve(
     jobs: Sequence[WorkloadJob],
     steps: Sequence[list[tuple[float, float]]],

@@ -17,7 +17,7 @@ from rich.table import Column, Table
 
 from scheduler_policy.policy_file import policy_document
 from simulations.api import Case, PolicyRun, Seeded, run_cases, write_json_report
-from simulations.bounds import jct_lower_bound_h
+from simulations.bounds import jct_lower_bounds_h
 from simulations.cluster_config import ClusterSpec
 from simulations.plots import plot_all
 from simulations.report import Summary, summarize, write_jobs_csv
@@ -323,7 +323,7 @@ def run_comparison(
             cases, cluster=cluster, on_done=advance, workers=workers, on_progress=show
         )
     summaries = [summarize(r) for r in results]
-    bounds = [jct_lower_bound_h(one.workload, cluster) for one in seeded]
+    bounds = jct_lower_bounds_h([one.workload for one in seeded], cluster)
     if len(seeded) == 1:
         _print_one(console, summaries, first, cluster, bounds[0])
     else:

@@ -19,7 +19,7 @@ from scheduler_policy.errors import TideError
 from scheduler_policy.policy import ElasticPolicy
 from scheduler_policy.policy_file import load_policy, policy_yaml
 from simulations.api import Seeded, default_policy_for
-from simulations.bounds import jct_lower_bound_h
+from simulations.bounds import jct_lower_bounds_h
 from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
 from simulations.compare import BOUND_TERMS, print_fitted
 from simulations.compare import fmt as format_number
@@ -404,7 +404,7 @@ def register(app: typer.Typer) -> None:
         console.print(_tune_outcome(space, result, out))
         if space.objective == "avg_jct_h":
             # How far the search could go at all: the comparison's lower bound, per workload.
-            bounds = [jct_lower_bound_h(one.workload, cluster) for one in seeded]
+            bounds = jct_lower_bounds_h([one.workload for one in seeded], cluster)
             console.print(
                 f"no policy can bring avg_jct_h below {statistics.fmean(bounds):.4g} on these "
                 f"workloads (the mean of their lower bounds: {BOUND_TERMS})"

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from scheduler_policy.model import JobKey, QueueName
-from simulations.bounds import alone_jct_bound_h, jct_lower_bound_h
+from simulations import bounds
+from simulations.bounds import alone_jct_bound_h, jct_lower_bound_h, jct_lower_bounds_h
 from simulations.cluster_config import ClusterSpec, QueueSpec
 from simulations.profiles import ScalingProfile
 from simulations.workload import Workload, WorkloadJob
@@ -193,3 +194,21 @@ def test_no_solver_in_time_gives_the_alone_bound(caplog):
         bound = jct_lower_bound_h(workload(*jobs), cluster(4), solve_limit_s=1e-6)
     assert "using the alone bound" in caplog.text
     assert bound == alone_jct_bound_h(workload(*jobs)) == 1.0
+
+
+def test_a_workload_given_at_several_seeds_is_solved_once(monkeypatch):
+    # A trace at three seeds is one workload object three times; the built-in workload's draws
+    # are distinct objects, each solved.
+    one = workload(job("a", lo=1, hi=4, work=3600 * 4, profile=LINEAR))
+    other = workload(job("b", lo=1, hi=4, work=3600 * 8, profile=LINEAR))
+    solved: list[Workload] = []
+    real = bounds.jct_lower_bound_h
+
+    def counting(w: Workload, c: ClusterSpec) -> float:
+        solved.append(w)
+        return real(w, c)
+
+    monkeypatch.setattr(bounds, "jct_lower_bound_h", counting)
+    found = jct_lower_bounds_h([one, other, one, one], cluster(4))
+    assert [id(w) for w in solved] == [id(one), id(other)]
+    assert found == pytest.approx([1.0, 2.0, 1.0, 1.0], rel=1e-6)
