@@ -45,4 +45,5 @@ bench:
 	$(PYTHON) benchmarks/bound_resolution.py --json benchmarks/out/bound_resolution.json
 	$(PYTHON) benchmarks/pollux_batch_whatif.py --json benchmarks/out/pollux_batch_whatif.json
 	$(PYTHON) benchmarks/headroom_tradeoff.py --json benchmarks/out/headroom_tradeoff.json
+	$(PYTHON) benchmarks/itp_cluster_size.py --json benchmarks/out/itp_cluster_size.json
 	$(PYTHON) benchmarks/checkpoint.py --json benchmarks/out/checkpoint.json

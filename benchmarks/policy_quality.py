@@ -65,8 +65,9 @@ def _case(args: tuple[str, int, Workload, ClusterSpec]) -> list[tuple[str, int, 
     return out
 
 
-def _bounds(args: tuple[Workload, ClusterSpec]) -> tuple[float, float]:
-    """A workload's alone and fluid average-JCT lower bounds on a cluster."""
+def case_bounds(args: tuple[Workload, ClusterSpec]) -> tuple[float, float]:
+    """A workload's alone and fluid average-JCT lower bounds on a cluster (the fluid one on this
+    benchmark's fine grid), from one ``(workload, cluster)`` argument for ``Executor.map``."""
     workload, cluster = args
     fluid = jct_lower_bound_h(
         workload, cluster, max_variables=BOUND_VARIABLES, solve_limit_s=BOUND_SOLVE_LIMIT_S
@@ -212,7 +213,7 @@ def main() -> None:
     distinct = {id(workload): (workload, cluster) for _, _, workload, cluster in cases}
     with ProcessPoolExecutor(args.workers) as pool:
         rows = [r for out in pool.map(_case, cases) for r in out]
-        found = dict(zip(distinct, pool.map(_bounds, distinct.values()), strict=True))
+        found = dict(zip(distinct, pool.map(case_bounds, distinct.values()), strict=True))
     bounds = {(name, seed): found[id(workload)] for name, seed, workload, _ in cases}
     console = Console(width=160)
     table = Table(title="policy quality (h = hours)")
