@@ -273,9 +273,9 @@ def register(app: typer.Typer) -> None:
             str,
             typer.Option(
                 "--seeds",
-                help="Workload seeds, e.g. 0,1,2: the built-in workload's draws, or which jobs "
-                "of a Philly or ITP trace are elastic (other traces do not depend on it); each "
-                "workload also gets its seed's measurement noise and faults.",
+                help="Seeds, e.g. 0,1,2: every workload runs at each, with its measurement "
+                "noise and faults; a seed also draws the built-in workload, and which jobs of a "
+                "Philly or ITP trace are elastic.",
             ),
         ] = "0",
         fmt: FormatOpt = "auto",
