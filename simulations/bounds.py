@@ -139,10 +139,8 @@ def jct_lower_bound_h(
     total_gpus = cluster.total_gpus
     ceilings = cluster.real_capability(float(total_gpus))
     queues = [job.queue or cluster.default_queue(elastic=job.elastic) for job in jobs]
-    # A job never holds more than its queue may.
-    sizes = [
-        _sizes(job, min(total_gpus, int(ceilings[q]))) for job, q in zip(jobs, queues, strict=True)
-    ]
+    # A job never holds more than its queue may (never more than the cluster's GPUs).
+    sizes = [_sizes(job, int(ceilings[q])) for job, q in zip(jobs, queues, strict=True)]
     fastest = np.array([_fastest_s(job, s) for job, s in zip(jobs, sizes, strict=True)])
     # Every job alone, at its fastest size within its queue's ceiling: the bound when the
     # program cannot be solved, and a floor under the program's answer.

@@ -129,6 +129,11 @@ class SearchSpace:
     constraints: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
 
     @property
+    def parameters(self) -> list[str]:
+        """The parameters the space varies, sorted."""
+        return sorted({*self.choices, *self.ranges})
+
+    @property
     def maximise(self) -> bool:
         """Whether a higher objective is better."""
         return self.objective in MAXIMISED

@@ -112,7 +112,7 @@ def _trial_record(
     """A run as trials.json gives it: the base's run says ``base`` and gives its values."""
     params: dict[str, float | None] = dict(trial.params)
     if trial.is_base:
-        params = {n: param_value(base, n) for n in sorted({*space.choices, *space.ranges})}
+        params = {n: param_value(base, n) for n in space.parameters}
     record: dict[str, object] = {
         "trial": "base" if trial.is_base else trial.index,
         "params": params,
@@ -138,7 +138,7 @@ def _trials_table(space: SearchSpace, result: TuneResult, base_policy: ElasticPo
     """The best 15 trials, and the base policy's run among them where it ranks (at the end if
     below them): those that meet the constraints first, each group by objective."""
     trials = result.trials
-    names = sorted({*space.choices, *space.ranges})
+    names = space.parameters
     bounded = [n for n in space.constraints if n != space.objective]
     done = (
         f"{len(trials)} of {result.planned} trials (interrupted)"
