@@ -9,11 +9,11 @@ TORCH := torch==2.13.0
 .PHONY: install install-dev demo test lint typecheck contracts pytest prometheus bench
 
 install:
-	$(PIP) install -q -e .
+	$(PIP) install -q -e ".[plots]"
 
 install-dev:
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[dev,worker]"
+	$(PIP) install -q -e ".[dev,worker,plots]"
 
 demo: install
 	tide simulate

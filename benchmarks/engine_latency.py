@@ -27,8 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler_policy.engine import decide, observe
-from scheduler_policy.model import (
+from scheduler_policy.engine.reconcile import decide, observe
+from scheduler_policy.models.cache import ModelCache
+from scheduler_policy.models.scaling import ScalingModel
+from scheduler_policy.policy.spec import Defaults, ElasticPolicy, QueuePolicy
+from scheduler_policy.vocabulary.protocols import MetricsSample
+from scheduler_policy.vocabulary.state import (
     JobKey,
     JobPhase,
     JobState,
@@ -38,10 +42,6 @@ from scheduler_policy.model import (
     Recommendation,
     ThroughputPoint,
 )
-from scheduler_policy.models_cache import ModelCache
-from scheduler_policy.policy import Defaults, ElasticPolicy, QueuePolicy
-from scheduler_policy.protocols import MetricsSample
-from scheduler_policy.scaling_model import ScalingModel
 
 NOW_S = 1_700_000_000.0
 

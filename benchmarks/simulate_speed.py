@@ -28,7 +28,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from scheduler_policy.policy_file import load_policy
+from scheduler_policy.policy.file import load_policy
 from simulations.api import (
     SHARED_TRACES,
     PolicyRun,

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from scheduler_policy.policy import ElasticPolicy, QueuePolicy
+from scheduler_policy.policy.spec import ElasticPolicy, QueuePolicy
 from simulations.cluster_config import ClusterSpec
 from simulations.controllers import make_controller
 from simulations.errors import SimulationError

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from scheduler_policy.model import JobKey, JobPhase, JobState, Observation, QueueName
+from scheduler_policy.vocabulary.state import JobKey, JobPhase, JobState, Observation, QueueName
 from simulations.profiles import ScalingProfile
 
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler_policy.errors import ConflictError, PermanentError
-from scheduler_policy.model import (
+from scheduler_policy.vocabulary.errors import ConflictError, PermanentError
+from scheduler_policy.vocabulary.protocols import MetricsSample, ReplicaChange
+from scheduler_policy.vocabulary.state import (
     DemandPoint,
     JobKey,
     JobMemory,
@@ -25,7 +26,6 @@ from scheduler_policy.model import (
     QueueState,
     ThroughputPoint,
 )
-from scheduler_policy.protocols import MetricsSample, ReplicaChange
 from simulations.cluster_config import ClusterSpec
 from simulations.core import ClusterCore
 from simulations.state import SimJob, Status

@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from scheduler_policy.fields import yaml_problem
-from scheduler_policy.model import QueueName
+from scheduler_policy.policy.fields import yaml_problem
+from scheduler_policy.vocabulary.state import QueueName
 from simulations.errors import ClusterFileError
 
 

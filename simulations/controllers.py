@@ -6,10 +6,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from scheduler_policy.engine import observe, reconcile
-from scheduler_policy.model import JobKey
-from scheduler_policy.models_cache import ModelCache
-from scheduler_policy.policy import ElasticPolicy
+from scheduler_policy.engine.reconcile import observe, reconcile
+from scheduler_policy.models.cache import ModelCache
+from scheduler_policy.policy.spec import ElasticPolicy
+from scheduler_policy.vocabulary.state import JobKey
 from simulations.baselines import (
     Baseline,
     BaselinePlan,

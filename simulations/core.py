@@ -12,7 +12,7 @@ import heapq
 import logging
 from dataclasses import dataclass
 
-from scheduler_policy.model import JobKey, QueueName
+from scheduler_policy.vocabulary.state import JobKey, QueueName
 from simulations.cluster_config import ClusterSpec
 from simulations.state import Nodes, SimJob, Status
 from simulations.workload import Workload

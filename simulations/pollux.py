@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from scipy.interpolate import LinearNDInterpolator, interp1d
 
-from scheduler_policy.model import JobKey
+from scheduler_policy.vocabulary.state import JobKey
 from simulations.errors import TraceError
 from simulations.profiles import ScalingProfile
 from simulations.traces import column_float, column_int

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from scheduler_policy.model import JobKey, JobMemory, QueueName, ThroughputPoint
+from scheduler_policy.vocabulary.state import JobKey, JobMemory, QueueName, ThroughputPoint
 from simulations.workload import WorkloadJob
 
 

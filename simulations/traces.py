@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from scheduler_policy.model import JobKey, QueueName
+from scheduler_policy.vocabulary.state import JobKey, QueueName
 from simulations.errors import TraceError
 from simulations.profiles import BUILTIN_JOB_TYPES, builtin_job_type
 from simulations.workload import DEFAULT_CHECKPOINT_INTERVAL_S, Workload, WorkloadJob

@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 import yaml
 
-from scheduler_policy.errors import PolicyError
-from scheduler_policy.fields import yaml_problem
-from scheduler_policy.model import QueueName
-from scheduler_policy.policy import Defaults, ElasticPolicy, QueuePolicy
-from scheduler_policy.policy_file import parse_policy, policy_yaml
+from scheduler_policy.policy.fields import yaml_problem
+from scheduler_policy.policy.file import parse_policy, policy_yaml
+from scheduler_policy.policy.spec import Defaults, ElasticPolicy, QueuePolicy
+from scheduler_policy.vocabulary.errors import PolicyError
+from scheduler_policy.vocabulary.state import QueueName
 from simulations.api import PolicyRun, Seeded, run_one
 from simulations.cluster_config import ClusterSpec
 from simulations.errors import SearchSpaceError

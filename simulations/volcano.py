@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from scheduler_policy.model import QueueName
+from scheduler_policy.vocabulary.state import QueueName
 from simulations.core import ClusterCore
 from simulations.state import SimJob, Status
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler_policy.model import JobKey, QueueName
+from scheduler_policy.vocabulary.state import JobKey, QueueName
 from simulations.profiles import BUILTIN_JOB_TYPES, ScalingProfile
 
 DEFAULT_CHECKPOINT_INTERVAL_S = 600.0

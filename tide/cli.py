@@ -11,17 +11,17 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from scheduler_policy.engine import Plan, decide
-from scheduler_policy.errors import TideError
-from scheduler_policy.model import Observation
-from scheduler_policy.models_cache import ModelCache
-from scheduler_policy.observation_file import (
+from scheduler_policy.adapters.observation_file import (
     example_observation_path,
     example_policy_path,
     load_observation,
 )
-from scheduler_policy.policy import ElasticPolicy
-from scheduler_policy.policy_file import load_policy
+from scheduler_policy.decision.pipeline import Plan, decide
+from scheduler_policy.models.cache import ModelCache
+from scheduler_policy.policy.file import load_policy
+from scheduler_policy.policy.spec import ElasticPolicy
+from scheduler_policy.vocabulary.errors import TideError
+from scheduler_policy.vocabulary.state import Observation
 from tide import policy_commands, sim_commands, tune_command
 
 app = typer.Typer(

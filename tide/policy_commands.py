@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from scheduler_policy.validate import FileReport, validate_paths
+from scheduler_policy.policy.validate import FileReport, validate_paths
 
 
 def print_reports(reports: list[FileReport], *, console: Console) -> None:

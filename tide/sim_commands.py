@@ -8,15 +8,15 @@ from typing import Annotated
 
 import typer
 
-from scheduler_policy.errors import TideError
-from scheduler_policy.policy_file import load_policy
+from scheduler_policy.policy.file import load_policy
+from scheduler_policy.vocabulary.errors import TideError
 from simulations.api import PolicyRun, Seeded, default_policy_for
 from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
-from simulations.compare import run_comparison
 from simulations.controllers import BASELINE_NAMES
 from simulations.errors import SimulationError
 from simulations.run import RunOptions
 from simulations.workload import DEFAULT_LOAD
+from tide.comparison import run_comparison
 from tide.sim_options import (
     DEFAULT_DURATION_H,
     ClusterOpt,

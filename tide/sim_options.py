@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from scheduler_policy.policy import ElasticPolicy
+from scheduler_policy.policy.spec import ElasticPolicy
 from simulations.api import (
     SEEDED_FORMATS,
     Seeded,

@@ -15,14 +15,12 @@ from rich import box
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from scheduler_policy.errors import TideError
-from scheduler_policy.policy import ElasticPolicy
-from scheduler_policy.policy_file import load_policy, policy_yaml
+from scheduler_policy.policy.file import load_policy, policy_yaml
+from scheduler_policy.policy.spec import ElasticPolicy
+from scheduler_policy.vocabulary.errors import TideError
 from simulations.api import Seeded, default_policy_for
 from simulations.bounds import jct_lower_bounds_h
 from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
-from simulations.compare import BOUND_TERMS, print_fitted
-from simulations.compare import fmt as format_number
 from simulations.errors import SimulationError
 from simulations.run import RunOptions
 from simulations.tune import (
@@ -37,6 +35,8 @@ from simulations.tune import (
     tune,
 )
 from simulations.workload import DEFAULT_LOAD
+from tide.comparison import BOUND_TERMS, print_fitted
+from tide.comparison import fmt as format_number
 from tide.sim_options import (
     DEFAULT_DURATION_H,
     ClusterOpt,

@@ -166,7 +166,7 @@ def test_tune_writes_trials_and_best_policy(tmp_path: Path) -> None:
         ("0", "60.0"), ("1", "600.0"), ("base", "300.0")
     ]  # fmt: skip
     objective = {float(r["defaults.cooldown_s"]): float(r["avg_jct_h"]) for r in rows}
-    from scheduler_policy.policy_file import load_policy
+    from scheduler_policy.policy.file import load_policy
 
     best = load_policy(out / "best-policy.yaml")
     assert objective[best.defaults.cooldown_s] == min(objective.values())
@@ -396,7 +396,7 @@ def test_an_interrupted_tune_writes_the_best_of_the_finished_trials(
     assert result.exit_code == 130, result.output
     text = " ".join(result.output.split())
     assert "1 of 4 trials (interrupted)" in text
-    from scheduler_policy.policy_file import load_policy
+    from scheduler_policy.policy.file import load_policy
 
     base, first = (out / "trials.csv").read_text().splitlines()[1:]  # base, then trial 0
     cooldown = load_policy(out / "best-policy.yaml").defaults.cooldown_s

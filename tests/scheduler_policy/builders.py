@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from scheduler_policy.model import (
+from scheduler_policy.policy.spec import Defaults, ElasticPolicy, Headroom, QueuePolicy
+from scheduler_policy.vocabulary.state import (
     JobKey,
     JobPhase,
     JobState,
@@ -11,7 +12,6 @@ from scheduler_policy.model import (
     QueueState,
     ThroughputPoint,
 )
-from scheduler_policy.policy import Defaults, ElasticPolicy, Headroom, QueuePolicy
 
 NOW_S = 1_000_000.0
 

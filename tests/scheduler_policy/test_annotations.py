@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_policy.annotations import JobOverrides, job_overrides
-from scheduler_policy.errors import PolicyError
+from scheduler_policy.policy.annotations import JobOverrides, job_overrides
+from scheduler_policy.vocabulary.errors import PolicyError
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from scheduler_policy.allocate import best_first
+from scheduler_policy.decision.allocate import best_first
 
 # Few distinct values, so that ties are common; infinities and NaN among them.
 VALUES = st.sampled_from([0.0, -0.0, 1.0, 2.5, 1e12, -1.0, np.inf, -np.inf, np.nan])

@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from scheduler_policy.engine import decide
-from scheduler_policy.errors import ObservationError
-from scheduler_policy.model import DemandPoint, JobKey, JobPhase, QueueName, Reason
-from scheduler_policy.models_cache import ModelCache
-from scheduler_policy.observation_file import load_observation
-from scheduler_policy.policy import Headroom, Objective, QueuePolicy
+from scheduler_policy.adapters.observation_file import load_observation
+from scheduler_policy.decision.pipeline import decide
+from scheduler_policy.models.cache import ModelCache
+from scheduler_policy.policy.spec import Headroom, Objective, QueuePolicy
+from scheduler_policy.vocabulary.errors import ObservationError
+from scheduler_policy.vocabulary.state import DemandPoint, JobKey, JobPhase, QueueName, Reason
 from tests.scheduler_policy.builders import (
     NOW_S,
     make_job,
@@ -412,8 +412,8 @@ def test_observation_file_refuses_a_queue_or_a_job_given_twice(tmp_path):
 def test_the_decision_tuples_have_no_defaulted_fields() -> None:
     # decide builds them with tuple.__new__ from full rows, which skips the constructor: a field
     # added with a default would be missing from every decision, not filled in.
-    from scheduler_policy.messages import DecisionContext
-    from scheduler_policy.model import ScalingDecision
+    from scheduler_policy.decision.messages import DecisionContext
+    from scheduler_policy.vocabulary.state import ScalingDecision
 
     assert ScalingDecision._field_defaults == {}
     assert DecisionContext._field_defaults == {}

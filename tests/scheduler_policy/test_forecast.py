@@ -9,8 +9,8 @@ import pytest
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
-from scheduler_policy.forecast import DemandForecaster
-from scheduler_policy.model import DemandPoint
+from scheduler_policy.models.forecast import DemandForecaster
+from scheduler_policy.vocabulary.state import DemandPoint
 
 START_S = 1_600_000_000.0  # a Sunday, 12:26:40 UTC; the cycle below is in UTC time of day
 DAY_S = 86400.0
@@ -175,10 +175,10 @@ def test_a_day_and_a_bit_of_history_fits(points: int) -> None:
 
 
 def test_a_failed_forecast_is_not_retried_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
-    from scheduler_policy.errors import ModelFitError
-    from scheduler_policy.model import QueueName, QueueState
-    from scheduler_policy.models_cache import ModelCache
-    from scheduler_policy.policy import Headroom
+    from scheduler_policy.models.cache import ModelCache
+    from scheduler_policy.policy.spec import Headroom
+    from scheduler_policy.vocabulary.errors import ModelFitError
+    from scheduler_policy.vocabulary.state import QueueName, QueueState
 
     calls = []
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler_policy.errors import PolicyError
-from scheduler_policy.fields import parse_duration
-from scheduler_policy.model import QueueName
-from scheduler_policy.policy import Defaults, ElasticPolicy, Headroom, Objective, QueuePolicy
-from scheduler_policy.policy_file import load_policy, parse_policy
+from scheduler_policy.policy.fields import parse_duration
+from scheduler_policy.policy.file import load_policy, parse_policy
+from scheduler_policy.policy.spec import Defaults, ElasticPolicy, Headroom, Objective, QueuePolicy
+from scheduler_policy.vocabulary.errors import PolicyError
+from scheduler_policy.vocabulary.state import QueueName
 
 POLICIES_DIR = Path(__file__).resolve().parents[2] / "manifests" / "policies"
 

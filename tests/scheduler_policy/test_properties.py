@@ -5,11 +5,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_policy.engine import decide, reconcile
-from scheduler_policy.fake import FakeCluster
-from scheduler_policy.model import JobPhase, Observation, Reason
-from scheduler_policy.models_cache import ModelCache
-from scheduler_policy.policy import ElasticPolicy
+from scheduler_policy.engine.reconcile import decide, reconcile
+from scheduler_policy.models.cache import ModelCache
+from scheduler_policy.policy.spec import ElasticPolicy
+from scheduler_policy.testing.fake import FakeCluster
+from scheduler_policy.vocabulary.state import JobPhase, Observation, Reason
 from tests.scheduler_policy.builders import (
     NOW_S,
     make_job,

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from scheduler_policy.engine import reconcile
-from scheduler_policy.fake import FakeCluster
-from scheduler_policy.model import JobKey, JobPhase, Reason, ThroughputPoint
-from scheduler_policy.models_cache import ModelCache
+from scheduler_policy.engine.reconcile import reconcile
+from scheduler_policy.models.cache import ModelCache
+from scheduler_policy.testing.fake import FakeCluster
+from scheduler_policy.vocabulary.state import JobKey, JobPhase, Reason, ThroughputPoint
 from tests.scheduler_policy.builders import (
     NOW_S,
     make_job,
@@ -316,7 +316,7 @@ def test_a_conflicting_write_is_reported_for_retry():
 def test_joining_metrics_keeps_every_other_field_of_the_job():
     # JobState.with_metrics lists the fields by hand (dataclasses.replace was most of observe's
     # time): a field added to JobState and not to it would be dropped silently.
-    from scheduler_policy.model import JobState, QueueName, Recommendation
+    from scheduler_policy.vocabulary.state import JobState, QueueName, Recommendation
 
     values = {
         "key": JobKey("ns/a"),

@@ -14,9 +14,9 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from scheduler_policy.errors import ModelFitError
-from scheduler_policy.model import ThroughputPoint
-from scheduler_policy.scaling_model import ScalingModel, from_points, prior_model, usl_throughput
+from scheduler_policy.models.scaling import ScalingModel, from_points, prior_model, usl_throughput
+from scheduler_policy.vocabulary.errors import ModelFitError
+from scheduler_policy.vocabulary.state import ThroughputPoint
 
 SIZES = (1, 2, 4, 8, 16, 32)
 

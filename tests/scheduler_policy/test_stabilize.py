@@ -5,9 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scheduler_policy.model import JobMemory, Reason, Recommendation
-from scheduler_policy.policy import Defaults
-from scheduler_policy.stabilize import (
+from scheduler_policy.decision.stabilize import (
     apply_windows,
     clamp_to_bounds,
     hold_in_cooldown,
@@ -17,6 +15,8 @@ from scheduler_policy.stabilize import (
     window_extremes,
     within_tolerance,
 )
+from scheduler_policy.policy.spec import Defaults
+from scheduler_policy.vocabulary.state import JobMemory, Reason, Recommendation
 
 
 def ints(*values: int) -> np.ndarray:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scheduler_policy.validate import FileReport, check_job, validate_file, validate_paths
+from scheduler_policy.policy.validate import FileReport, check_job, validate_file, validate_paths
 
 POLICIES_DIR = Path(__file__).resolve().parents[2] / "manifests" / "policies"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from scheduler_policy.model import JobKey, QueueName
+from scheduler_policy.vocabulary.state import JobKey, QueueName
 from simulations.cluster import SimulatedCluster
 from simulations.cluster_config import ClusterSpec, QueueSpec
 from simulations.profiles import ScalingProfile

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from scheduler_policy.model import JobKey, QueueName
+from scheduler_policy.vocabulary.state import JobKey, QueueName
 from simulations import bounds
 from simulations.bounds import alone_jct_bound_h, jct_lower_bound_h, jct_lower_bounds_h
 from simulations.cluster_config import ClusterSpec, QueueSpec

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from scheduler_policy.model import JobKey
+from scheduler_policy.vocabulary.state import JobKey
 from simulations.controllers import make_controller
 from simulations.faults import FaultOptions
 from simulations.report import summarize

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from scheduler_policy.engine import reconcile
-from scheduler_policy.model import JobKey, QueueName
-from scheduler_policy.models_cache import ModelCache
-from scheduler_policy.policy import ElasticPolicy, QueuePolicy
+from scheduler_policy.engine.reconcile import reconcile
+from scheduler_policy.models.cache import ModelCache
+from scheduler_policy.policy.spec import ElasticPolicy, QueuePolicy
+from scheduler_policy.vocabulary.state import JobKey, QueueName
 from simulations import run as run_module
 from simulations.api import PolicyRun, default_policy_for, run_policies
 from simulations.cluster_config import BUILTIN_CLUSTER

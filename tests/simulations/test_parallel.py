@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from scheduler_policy.errors import PolicyError
+from scheduler_policy.vocabulary.errors import PolicyError
 from simulations.errors import ClusterFileError, TraceError
 from simulations.parallel import results_as_done
 

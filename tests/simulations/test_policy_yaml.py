@@ -8,9 +8,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler_policy.model import QueueName
-from scheduler_policy.policy import Defaults, ElasticPolicy, Headroom, Objective, QueuePolicy
-from scheduler_policy.policy_file import parse_policy, policy_yaml
+from scheduler_policy.policy.file import parse_policy, policy_yaml
+from scheduler_policy.policy.spec import Defaults, ElasticPolicy, Headroom, Objective, QueuePolicy
+from scheduler_policy.vocabulary.state import QueueName
 from simulations.api import default_policy_for
 from simulations.cluster_config import BUILTIN_CLUSTER
 

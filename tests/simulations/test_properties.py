@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler_policy.model import QueueName
+from scheduler_policy.vocabulary.state import QueueName
 from simulations.api import default_policy_for
 from simulations.bounds import alone_jct_bound_h, jct_lower_bound_h
 from simulations.cluster_config import ClusterSpec, QueueSpec

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 import simulations.tune as tune_module
-from scheduler_policy.policy import Headroom
+from scheduler_policy.policy.spec import Headroom
 from simulations.api import Seeded, default_policy_for, load_workload
 from simulations.cluster_config import BUILTIN_CLUSTER
 from simulations.errors import SearchSpaceError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_policy.model import JobKey, QueueName
+from scheduler_policy.vocabulary.state import JobKey, QueueName
 from simulations.cluster_config import QueueSpec
 from simulations.state import Status
 from simulations.volcano import deserved_shares, queue_usage, real_capability, run_session

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import yaml
 
-from scheduler_policy.errors import PolicyError
+from scheduler_policy.vocabulary.errors import PolicyError
 
 # Units in descending order, each at most once: "1h30m", "2m30s", "1s500ms". Python's regex
 # backtracks, so "500ms" is not taken for "500m" followed by a stray "s".

@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from scheduler_policy.errors import PolicyError
-from scheduler_policy.fields import (
+from scheduler_policy.policy.fields import (
     Section,
     boolean,
     duration,
@@ -28,8 +27,9 @@ from scheduler_policy.fields import (
     section,
     show,
 )
-from scheduler_policy.model import QueueName
-from scheduler_policy.policy import Defaults, ElasticPolicy, Headroom, Objective, QueuePolicy
+from scheduler_policy.policy.spec import Defaults, ElasticPolicy, Headroom, Objective, QueuePolicy
+from scheduler_policy.vocabulary.errors import PolicyError
+from scheduler_policy.vocabulary.state import QueueName
 
 API_VERSION = "tide.io/v1alpha1"
 KIND = "ElasticPolicy"

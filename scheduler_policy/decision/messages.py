@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from scheduler_policy.budget import QueueBudget
-from scheduler_policy.model import JobState, Reason
-from scheduler_policy.policy import Defaults
+from scheduler_policy.decision.budget import QueueBudget
+from scheduler_policy.policy.spec import Defaults
+from scheduler_policy.vocabulary.state import JobState, Reason
 
 
 @dataclass(frozen=True, slots=True)

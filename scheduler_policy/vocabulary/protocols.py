@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from scheduler_policy.model import (
+from scheduler_policy.vocabulary.state import (
     DemandPoint,
     Explanation,
     JobKey,
@@ -28,7 +28,10 @@ class MetricsSample:
     """What the metrics source knows at one time.
 
     Attributes:
-        fresh: False when the source is stale, unreachable or returned NaN; the engine then holds.
+        fresh: False when the cluster- or queue-level figures are stale, unreachable or NaN;
+            every job then holds.
+        stale_jobs: jobs whose own figures (throughput, progress) are stale, missing or
+            non-finite, each with a sentence naming what was stale; only those jobs hold.
         cluster_free_gpus: allocatable GPUs that no pod requests.
         job_throughput: measured throughput per job, oldest first.
         job_remaining_samples: samples left to train, for the jobs that report it.
@@ -39,6 +42,7 @@ class MetricsSample:
 
     fresh: bool
     cluster_free_gpus: float
+    stale_jobs: Mapping[JobKey, str] = field(default_factory=dict)
     job_throughput: Mapping[JobKey, tuple[ThroughputPoint, ...]] = field(default_factory=dict)
     job_remaining_samples: Mapping[JobKey, float] = field(default_factory=dict)
     queue_allocated_gpus: Mapping[QueueName, float] = field(default_factory=dict)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from scheduler_policy.model import QueueName
+from scheduler_policy.vocabulary.state import QueueName
 
 
 class Objective(str, enum.Enum):

@@ -9,7 +9,8 @@ from operator import attrgetter
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_policy.model import JobState, QueueName
+from scheduler_policy.models.curve import JobCurve
+from scheduler_policy.vocabulary.state import JobState, QueueName
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -27,26 +28,6 @@ def _held(current: FloatArray, scheduled: FloatArray) -> IntArray:
     """``JobState.held_replicas`` for every job at once (NaN scheduled: unknown, all held)."""
     held = np.where(np.isnan(scheduled), current, np.clip(scheduled, 0.0, current))
     return held.astype(np.int64)
-
-
-@dataclass(frozen=True, slots=True)
-class JobCurve:
-    """A job's fitted scaling curve, X(n) = λn / (1 + σ(n−1) + κn(n−1)).
-
-    Attributes:
-        lambda_samples_per_s: λ, throughput of one replica (1.0 when ``measured`` is False).
-        sigma: σ, contention.
-        kappa: κ, coherency delay.
-        measured: whether λ comes from the job's own measurements.
-        sizes: distinct replica counts the curve was fitted on (0 for the prior); from two on,
-            its shape is the job's own too.
-    """
-
-    lambda_samples_per_s: float
-    sigma: float
-    kappa: float
-    measured: bool
-    sizes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_policy.model import (
+from scheduler_policy.policy.spec import ElasticPolicy
+from scheduler_policy.vocabulary.state import (
     GPU_EPSILON,
     JobPhase,
     JobState,
@@ -22,7 +23,6 @@ from scheduler_policy.model import (
     QueueState,
     Reason,
 )
-from scheduler_policy.policy import ElasticPolicy
 
 INFINITE_GPUS = math.inf
 _GONE = frozenset(phase for phase in JobPhase if phase.finished)

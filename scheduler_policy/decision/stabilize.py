@@ -22,8 +22,8 @@ from typing import NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_policy.model import JobMemory, Reason, Recommendation
-from scheduler_policy.policy import Defaults
+from scheduler_policy.policy.spec import Defaults
+from scheduler_policy.vocabulary.state import JobMemory, Reason, Recommendation
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]

@@ -1,16 +1,12 @@
-"""The reconcile loop in named phases: observe → decide → stabilize → apply.
+"""``decide``: the decision core's pipeline, from an observation to decisions and writes.
 
-``decide`` is pure (``now_s`` passed in); only ``apply_changes`` writes, and it writes only what
-differs from what it observed, so reconciling twice on the same cluster writes nothing the second
-time.
+Pure but for the model cache (``now_s`` is the observation's time).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter
@@ -18,8 +14,8 @@ from operator import attrgetter
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_policy.allocate import Allocation, allocate
-from scheduler_policy.budget import (
+from scheduler_policy.decision.allocate import Allocation, allocate
+from scheduler_policy.decision.budget import (
     QueueBudget,
     growth_pool_gpus,
     pending_covered,
@@ -29,22 +25,20 @@ from scheduler_policy.budget import (
     trade_queues,
     waiting_pool_gpus,
 )
-from scheduler_policy.errors import ConflictError, PermanentError, TemporaryError
-from scheduler_policy.job_table import JobTable
-from scheduler_policy.messages import DecisionBatch, DecisionContext
-from scheduler_policy.model import (
+from scheduler_policy.decision.job_table import JobTable
+from scheduler_policy.decision.messages import DecisionBatch, DecisionContext
+from scheduler_policy.decision.stabilize import Stabilized, stabilize
+from scheduler_policy.decision.triage import triage
+from scheduler_policy.models.cache import ModelCache
+from scheduler_policy.policy.spec import ElasticPolicy
+from scheduler_policy.vocabulary.protocols import ReplicaChange
+from scheduler_policy.vocabulary.state import (
     GPU_EPSILON,
-    JobPhase,
-    JobState,
     Observation,
     QueueName,
     Reason,
     ScalingDecision,
 )
-from scheduler_policy.models_cache import ModelCache
-from scheduler_policy.policy import ElasticPolicy
-from scheduler_policy.protocols import ClusterClient, MetricsSource, ReplicaChange
-from scheduler_policy.stabilize import Stabilized, stabilize
 
 logger = logging.getLogger(__name__)
 
@@ -62,112 +56,6 @@ class Plan:
     changes: tuple[ReplicaChange, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class ReconcileResult:
-    """One reconcile's outcome.
-
-    Attributes:
-        observation: what was observed.
-        decisions: one per elastic job.
-        applied: the writes that succeeded.
-        failed: the writes that failed, with why.
-    """
-
-    observation: Observation
-    decisions: tuple[ScalingDecision, ...]
-    applied: tuple[ReplicaChange, ...]
-    failed: tuple[tuple[ReplicaChange, str], ...] = ()
-
-
-def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> Observation:
-    """Join the cluster's queues and jobs with the metrics into one observation.
-
-    Args:
-        metrics: throughput, queue use and demand history.
-        cluster: queues and jobs.
-        now_s: the reconcile time.
-
-    Returns:
-        The observation; ``metrics_fresh`` is False if the sample was stale or had NaN in it.
-    """
-    sample = metrics.sample(now_s=now_s)
-    fresh = sample.fresh and math.isfinite(sample.cluster_free_gpus)
-    queues = []
-    for queue in cluster.list_queues():
-        allocated = sample.queue_allocated_gpus.get(queue.name, queue.allocated_gpus)
-        fresh = fresh and math.isfinite(allocated)
-        queues.append(
-            dataclasses.replace(
-                queue,
-                allocated_gpus=allocated,
-                demand_history=sample.queue_demand_history.get(queue.name, queue.demand_history),
-            )
-        )
-    jobs = []
-    for job in cluster.list_jobs():
-        history = sample.job_throughput.get(job.key, job.throughput_history)
-        remaining = sample.job_remaining_samples.get(job.key, job.remaining_samples)
-        for point in history:  # a loop, not any(): a generator per job cost more than the check
-            if not math.isfinite(point.samples_per_s):
-                fresh = False
-                break
-        if history is not job.throughput_history or remaining != job.remaining_samples:
-            job = job.with_metrics(history, remaining)
-        jobs.append(job)
-    return Observation(
-        time_s=now_s,
-        queues=tuple(queues),
-        jobs=tuple(jobs),
-        cluster_free_gpus=sample.cluster_free_gpus,
-        metrics_fresh=fresh,
-        releasing_gpus=sample.releasing_gpus,
-    )
-
-
-def _hold(job: JobState, reason: Reason, message: str) -> ScalingDecision:
-    return ScalingDecision(job.key, job.current_replicas, job.current_replicas, reason, message)
-
-
-def _triage(
-    observation: Observation, policy: ElasticPolicy
-) -> tuple[list[JobState], list[ScalingDecision]]:
-    """Split the jobs into those to allocate for and decisions for the rest."""
-    queue_names = {q.name for q in observation.queues}
-    queue_policies = {q.name: q for q in policy.queues}
-    ready: list[JobState] = []
-    held: list[ScalingDecision] = []
-    for job in observation.jobs:
-        if not job.elastic:
-            continue
-        problems = job.spec_problems()
-        if job.queue not in queue_names:
-            problems.append(f"queue {job.queue!r} does not exist")
-        if problems:
-            held.append(_hold(job, Reason.INVALID_JOB_SPEC, "; ".join(problems)))
-            logger.warning("job %s skipped: %s", job.key, "; ".join(problems))
-            continue
-        queue_policy = queue_policies.get(job.queue)
-        if queue_policy is None or not queue_policy.elastic:
-            if job.phase is JobPhase.RUNNING:
-                held.append(
-                    _hold(job, Reason.QUEUE_NOT_MANAGED,
-                          f"queue {job.queue} is not elastic in policy {policy.name}")
-                )  # fmt: skip
-            continue
-        if job.phase is not JobPhase.RUNNING:
-            if not job.phase.finished:
-                held.append(_hold(job, Reason.NOT_RUNNING, f"job is {job.phase.value}"))
-            continue
-        if not observation.metrics_fresh:
-            held.append(
-                _hold(job, Reason.HOLD_METRICS_STALE,
-                      "metrics are stale or missing; holding replicas until they recover")
-            )  # fmt: skip
-            continue
-        ready.append(job)
-    return ready, held
-
-
 def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCache) -> Plan:
     """Decide and stabilize a target for every elastic job; pure but for the model cache.
 
@@ -180,7 +68,7 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
         The decisions and the writes they imply.
     """
     now_s = observation.time_s
-    ready, held = _triage(observation, policy)
+    ready, held = triage(observation, policy)
     forecasts: dict[QueueName, float] = {}
     for queue in observation.queues:
         queue_policy = policy.queue(queue.name)
@@ -360,54 +248,3 @@ def _stabilized_decisions(
                           memory, reasons[i], whys[i])
         )  # fmt: skip
     return decisions, changes
-
-
-def apply_changes(
-    cluster: ClusterClient, changes: Sequence[ReplicaChange]
-) -> tuple[tuple[ReplicaChange, ...], tuple[tuple[ReplicaChange, str], ...]]:
-    """Write each change; one failed write never stops the others.
-
-    Returns:
-        ``(applied, failed)``, each failure with its reason.
-    """
-    applied: list[ReplicaChange] = []
-    failed: list[tuple[ReplicaChange, str]] = []
-    for change in changes:
-        try:
-            cluster.apply(change)
-        except ConflictError as e:
-            failed.append((change, f"conflict, will retry next round: {e}"))
-            logger.info("job %s: %s", change.job, failed[-1][1])
-        except (TemporaryError, PermanentError) as e:
-            failed.append((change, str(e)))
-            logger.warning("job %s: write failed: %s", change.job, e)
-        else:
-            applied.append(change)
-    return tuple(applied), tuple(failed)
-
-
-def reconcile(
-    *,
-    metrics: MetricsSource,
-    cluster: ClusterClient,
-    policy: ElasticPolicy,
-    now_s: float,
-    models: ModelCache,
-) -> ReconcileResult:
-    """Observe, decide, stabilize and apply once.
-
-    Args:
-        metrics: where throughput and queue use come from.
-        cluster: where jobs and queues come from and writes go.
-        policy: the policy in force.
-        now_s: the reconcile time, seconds since the epoch.
-        models: fitted models kept across reconciles.
-
-    Returns:
-        What was observed, decided, written and refused.
-    """
-    observation = observe(metrics=metrics, cluster=cluster, now_s=now_s)
-    plan = decide(observation, policy, models=models)
-    models.forget({job.key for job in observation.jobs})
-    applied, failed = apply_changes(cluster, plan.changes)
-    return ReconcileResult(observation, plan.decisions, applied, failed)

@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduler_policy.annotations import ELASTIC, TASK, annotation_path, job_overrides
-from scheduler_policy.errors import PolicyError
-from scheduler_policy.fields import read_yaml_documents, show
-from scheduler_policy.policy import ElasticPolicy
-from scheduler_policy.policy_file import API_VERSION, KIND, parse_policy
+from scheduler_policy.policy.annotations import ELASTIC, TASK, annotation_path, job_overrides
+from scheduler_policy.policy.fields import read_yaml_documents, show
+from scheduler_policy.policy.file import API_VERSION, KIND, parse_policy
+from scheduler_policy.policy.spec import ElasticPolicy
+from scheduler_policy.vocabulary.errors import PolicyError
 
 VOLCANO_JOB = ("batch.volcano.sh/v1alpha1", "Job")
 DEFAULT_TASK = "worker"

@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from scheduler_policy.errors import ModelFitError
-from scheduler_policy.forecast import DemandForecaster
-from scheduler_policy.job_table import JobCurve
-from scheduler_policy.model import JobKey, JobState, QueueName, QueueState
-from scheduler_policy.policy import Headroom
-from scheduler_policy.scaling_model import ScalingModel
+from scheduler_policy.models.curve import JobCurve
+from scheduler_policy.models.forecast import DemandForecaster
+from scheduler_policy.models.scaling import ScalingModel
+from scheduler_policy.policy.spec import Headroom
+from scheduler_policy.vocabulary.errors import ModelFitError
+from scheduler_policy.vocabulary.state import JobKey, JobState, QueueName, QueueState
 
 logger = logging.getLogger(__name__)
 

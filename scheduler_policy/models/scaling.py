@@ -22,8 +22,8 @@ from scipy.optimize import nnls
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_consistent_length, check_is_fitted, column_or_1d
 
-from scheduler_policy.errors import ModelFitError
-from scheduler_policy.model import ThroughputPoint
+from scheduler_policy.vocabulary.errors import ModelFitError
+from scheduler_policy.vocabulary.state import ThroughputPoint
 
 try:  # scikit-learn >= 1.6
     from sklearn.utils.validation import validate_data as _sk_validate_data

@@ -20,8 +20,8 @@ from sklearn.ensemble import HistGradientBoostingRegressor
 from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
 from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]  # no stubs
 
-from scheduler_policy.errors import ModelFitError
-from scheduler_policy.model import DemandPoint
+from scheduler_policy.vocabulary.errors import ModelFitError
+from scheduler_policy.vocabulary.state import DemandPoint
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -15,11 +15,10 @@ from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
-from scheduler_policy.policy_file import policy_document
+from scheduler_policy.policy.file import policy_document
 from simulations.api import Case, PolicyRun, Seeded, run_cases, write_json_report
 from simulations.bounds import jct_lower_bounds_h
 from simulations.cluster_config import ClusterSpec
-from simulations.plots import plot_all
 from simulations.report import Summary, summarize, write_jobs_csv
 from simulations.run import SimResult
 
@@ -358,6 +357,15 @@ def run_comparison(
     if json_path is not None:
         write_json_report(json_path, summaries, meta=meta, seeds=seeds)
     write_jobs_csv(out_dir / "jobs.csv", results, seeds=seeds)
+    try:
+        # Plotting is an extra (``tide[plots]``): an engine image carries no plotting stack.
+        from simulations.plots import plot_all
+    except ImportError as e:
+        console.print(
+            f"report and jobs.csv (every job under every policy) in {out_dir}; no plots: "
+            f"{e.name} is not installed (pip install 'tide[plots]')"
+        )
+        return summaries
     plots = plot_all(results, out_dir, seeds=[one.seed for one in seeded])
     of_seed = (
         f" (the JCT CDF of every seed's jobs, the others of seed {first.seed})"

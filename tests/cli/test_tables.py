@@ -8,8 +8,8 @@ import io
 import pytest
 from rich.console import Console
 
-from simulations.compare import print_fitted, seeds_table, summary_table
 from simulations.report import Summary
+from tide.comparison import print_fitted, seeds_table, summary_table
 
 POLICIES = ("tide", "static", "threshold", "hpa", "optimus", "tiresias")
 

@@ -29,9 +29,8 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
-from scheduler_policy.annotations import job_overrides
-from scheduler_policy.errors import ObservationError, PolicyError
-from scheduler_policy.fields import (
+from scheduler_policy.policy.annotations import job_overrides
+from scheduler_policy.policy.fields import (
     Section,
     boolean,
     duration,
@@ -43,7 +42,8 @@ from scheduler_policy.fields import (
     section,
     show,
 )
-from scheduler_policy.model import (
+from scheduler_policy.vocabulary.errors import ObservationError, PolicyError
+from scheduler_policy.vocabulary.state import (
     JobKey,
     JobPhase,
     JobState,

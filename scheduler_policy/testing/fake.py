@@ -12,9 +12,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from scheduler_policy.errors import ConflictError, PermanentError
-from scheduler_policy.model import JobKey, JobState, Observation, QueueState
-from scheduler_policy.protocols import MetricsSample, ReplicaChange
+from scheduler_policy.vocabulary.errors import ConflictError, PermanentError
+from scheduler_policy.vocabulary.protocols import MetricsSample, ReplicaChange
+from scheduler_policy.vocabulary.state import JobKey, JobState, Observation, QueueState
 
 
 class FakeCluster:

@@ -21,8 +21,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from scheduler_policy.errors import PolicyError
-from scheduler_policy.fields import parse_duration, show
+from scheduler_policy.policy.fields import parse_duration, show
+from scheduler_policy.vocabulary.errors import PolicyError
 
 PREFIX = "tide.io/"
 ELASTIC = "tide.io/elastic"

@@ -34,11 +34,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_policy.budget import QueueBudget
-from scheduler_policy.job_table import JobTable
-from scheduler_policy.model import GPU_EPSILON, QueueName, Reason
-from scheduler_policy.policy import Defaults, Objective
-from scheduler_policy.scaling_model import usl_throughput
+from scheduler_policy.decision.budget import QueueBudget
+from scheduler_policy.decision.job_table import JobTable
+from scheduler_policy.models.scaling import usl_throughput
+from scheduler_policy.policy.spec import Defaults, Objective
+from scheduler_policy.vocabulary.state import GPU_EPSILON, QueueName, Reason
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

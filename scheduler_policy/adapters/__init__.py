@@ -1,0 +1,3 @@
+"""The engine's adapters to the world: observation files now; the Volcano client and leader
+election next.
+"""

@@ -1,0 +1,138 @@
+"""The reconcile loop in named phases: observe → decide → apply.
+
+``decide`` (``scheduler_policy.decision.pipeline``) is pure but for the model cache; only
+``apply_changes`` writes, and it writes only what differs from what it observed, so reconciling
+twice on the same cluster writes nothing the second time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scheduler_policy.decision.pipeline import Plan, decide
+from scheduler_policy.models.cache import ModelCache
+from scheduler_policy.policy.spec import ElasticPolicy
+from scheduler_policy.vocabulary.errors import ConflictError, PermanentError, TemporaryError
+from scheduler_policy.vocabulary.protocols import ClusterClient, MetricsSource, ReplicaChange
+from scheduler_policy.vocabulary.state import Observation, ScalingDecision
+
+__all__ = ["Plan", "ReconcileResult", "apply_changes", "decide", "observe", "reconcile"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileResult:
+    """One reconcile's outcome.
+
+    Attributes:
+        observation: what was observed.
+        decisions: one per elastic job.
+        applied: the writes that succeeded.
+        failed: the writes that failed, with why.
+    """
+
+    observation: Observation
+    decisions: tuple[ScalingDecision, ...]
+    applied: tuple[ReplicaChange, ...]
+    failed: tuple[tuple[ReplicaChange, str], ...] = ()
+
+
+def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> Observation:
+    """Join the cluster's queues and jobs with the metrics into one observation.
+
+    Args:
+        metrics: throughput, queue use and demand history.
+        cluster: queues and jobs.
+        now_s: the reconcile time.
+
+    Returns:
+        The observation; ``metrics_fresh`` is False if the sample was stale or had NaN in it.
+    """
+    sample = metrics.sample(now_s=now_s)
+    fresh = sample.fresh and math.isfinite(sample.cluster_free_gpus)
+    queues = []
+    for queue in cluster.list_queues():
+        allocated = sample.queue_allocated_gpus.get(queue.name, queue.allocated_gpus)
+        fresh = fresh and math.isfinite(allocated)
+        queues.append(
+            dataclasses.replace(
+                queue,
+                allocated_gpus=allocated,
+                demand_history=sample.queue_demand_history.get(queue.name, queue.demand_history),
+            )
+        )
+    jobs = []
+    for job in cluster.list_jobs():
+        history = sample.job_throughput.get(job.key, job.throughput_history)
+        remaining = sample.job_remaining_samples.get(job.key, job.remaining_samples)
+        for point in history:  # a loop, not any(): a generator per job cost more than the check
+            if not math.isfinite(point.samples_per_s):
+                fresh = False
+                break
+        if history is not job.throughput_history or remaining != job.remaining_samples:
+            job = job.with_metrics(history, remaining)
+        jobs.append(job)
+    return Observation(
+        time_s=now_s,
+        queues=tuple(queues),
+        jobs=tuple(jobs),
+        cluster_free_gpus=sample.cluster_free_gpus,
+        metrics_fresh=fresh,
+        releasing_gpus=sample.releasing_gpus,
+    )
+
+
+def apply_changes(
+    cluster: ClusterClient, changes: Sequence[ReplicaChange]
+) -> tuple[tuple[ReplicaChange, ...], tuple[tuple[ReplicaChange, str], ...]]:
+    """Write each change; one failed write never stops the others.
+
+    Returns:
+        ``(applied, failed)``, each failure with its reason.
+    """
+    applied: list[ReplicaChange] = []
+    failed: list[tuple[ReplicaChange, str]] = []
+    for change in changes:
+        try:
+            cluster.apply(change)
+        except ConflictError as e:
+            failed.append((change, f"conflict, will retry next round: {e}"))
+            logger.info("job %s: %s", change.job, failed[-1][1])
+        except (TemporaryError, PermanentError) as e:
+            failed.append((change, str(e)))
+            logger.warning("job %s: write failed: %s", change.job, e)
+        else:
+            applied.append(change)
+    return tuple(applied), tuple(failed)
+
+
+def reconcile(
+    *,
+    metrics: MetricsSource,
+    cluster: ClusterClient,
+    policy: ElasticPolicy,
+    now_s: float,
+    models: ModelCache,
+) -> ReconcileResult:
+    """Observe, decide, stabilize and apply once.
+
+    Args:
+        metrics: where throughput and queue use come from.
+        cluster: where jobs and queues come from and writes go.
+        policy: the policy in force.
+        now_s: the reconcile time, seconds since the epoch.
+        models: fitted models kept across reconciles.
+
+    Returns:
+        What was observed, decided, written and refused.
+    """
+    observation = observe(metrics=metrics, cluster=cluster, now_s=now_s)
+    plan = decide(observation, policy, models=models)
+    models.forget({job.key for job in observation.jobs})
+    applied, failed = apply_changes(cluster, plan.changes)
+    return ReconcileResult(observation, plan.decisions, applied, failed)

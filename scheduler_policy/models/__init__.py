@@ -1,0 +1,3 @@
+"""The models the engine fits: a scaling model per job, a demand forecast per queue, and their
+cache.
+"""

@@ -1,0 +1,3 @@
+"""The ElasticPolicy an admin writes: what it is, its file format, per-job annotations and
+validation.
+"""

@@ -1,0 +1,1 @@
+"""Test doubles at the engine's own boundary."""

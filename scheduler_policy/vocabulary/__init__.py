@@ -1,0 +1,3 @@
+"""The engine's vocabulary: queues, jobs, observations, decisions, the protocols of its boundary
+and its errors.
+"""
