@@ -235,5 +235,6 @@ class PrometheusSource:
         return self._builder.sample(now_s=now_s)
 
     def close(self) -> None:
-        """Release the HTTP connections."""
+        """Stop the query threads and release the HTTP connections."""
+        self._builder.close()
         self._querier.close()
