@@ -37,6 +37,10 @@ _TIME = operator.attrgetter("time_s")
 
 _RANGE_QUERIES = frozenset({"job_throughput", "job_world_size", "queue_nonelastic_demand"})
 
+DEMAND_FILL_S = 86400.0
+"""Demand history read per round while the lookback fills, newest day first: a week at the
+interval's step is one heavy query over every pod, too slow for one round on a large cluster."""
+
 STALE_INTERVALS = 2.0
 """A series whose newest sample is older than this many decision intervals is stale."""
 
@@ -203,6 +207,7 @@ class SampleBuilder:
         self._grid_start_s = -math.inf  # the oldest time the grid holds now
         self._demand: dict[QueueName, list[DemandPoint]] = {}
         self._demand_end_s: float | None = None
+        self._demand_from_s: float | None = None  # the oldest time the history was read from
         self.last_report = SampleReport()
 
     def close(self) -> None:
@@ -223,11 +228,12 @@ class SampleBuilder:
             if name not in _RANGE_QUERIES
         }
         grid_start, grid_end, _ = self._grid_window(now_s)
-        demand_start, demand_end, _ = self._demand_window(now_s)
+        (new_start, new_end), (fill_start, fill_end) = self._demand_windows(now_s)
         windows = {
             "job_throughput": (grid_start, grid_end),
             "job_world_size": (grid_start, grid_end),
-            "queue_nonelastic_demand": (demand_start, demand_end),
+            "queue_nonelastic_demand": (new_start, new_end),
+            "queue_nonelastic_demand fill": (fill_start, fill_end),
         }
         self._ranges = {
             name: self._pool.submit(self._range_now, name, start, end)
@@ -243,13 +249,16 @@ class SampleBuilder:
             return oldest, end, oldest
         return max(oldest, self._grid_end_s + self.step_s), end, oldest
 
-    def _demand_window(self, now_s: float) -> tuple[float, float, float]:
-        """(start, end, oldest) of the demand history's fetch this round."""
+    def _demand_windows(self, now_s: float) -> tuple[tuple[float, float], tuple[float, float]]:
+        """The demand history's two fetches this round: the points since the last round, and
+        a day further back while the lookback is not yet filled (either may be empty)."""
         end = align_down(now_s, self.step_s)
         oldest = align_down(now_s - self.settings.demand_lookback_s, self.step_s)
-        if self._demand_end_s is None:
-            return oldest, end, oldest
-        return max(oldest, self._demand_end_s + self.step_s), end, oldest
+        if self._demand_stale(end) or self._demand_end_s is None or self._demand_from_s is None:
+            return (max(oldest, end - DEMAND_FILL_S + self.step_s), end), (1.0, 0.0)
+        new = (self._demand_end_s + self.step_s, end)
+        fill = (max(oldest, self._demand_from_s - DEMAND_FILL_S), self._demand_from_s - self.step_s)
+        return new, fill
 
     def sample(self, *, now_s: float) -> MetricsSample:
         """See ``MetricsSource.sample``; never raises for Prometheus trouble."""
@@ -487,7 +496,7 @@ class SampleBuilder:
         return future.result()
 
     def _range_now(self, name: str, start_s: float, end_s: float) -> list[RangeSeries]:
-        query = self._queries[name]
+        query = self._queries[name.removesuffix(" fill")]
         result: list[RangeSeries] = []
         for first, last in chunk_range(start_s, end_s, self.step_s):
             result.extend(self.querier.range(query, start_s=first, end_s=last, step_s=self.step_s))
@@ -498,27 +507,59 @@ class SampleBuilder:
 
     # ------------------------------------------------------------------ demand
 
-    def _read_demand(self, work: _Round) -> None:
-        """Each queue's non-elastic demand since the last round, over the demand lookback.
+    def _demand_stale(self, end_s: float) -> bool:
+        """Whether the rounds stopped for longer than a fill: then the history starts over."""
+        return self._demand_end_s is not None and end_s - self._demand_end_s > DEMAND_FILL_S
 
-        Points are appended in time order and trimmed from the front, so a round costs its new
-        points (and one copy of each queue's list into the sample), not the lookback.
+    def _read_demand(self, work: _Round) -> None:
+        """Each queue's non-elastic demand since the last round, and further back while the
+        lookback fills.
+
+        Points are appended (or, filling, prepended) in time order and trimmed from the front,
+        so a round costs its new points and one copy of each queue's list into the sample, not
+        the lookback. Trouble here costs the forecast some history, never the round its
+        freshness: the next round asks again.
         """
-        start, end, oldest = self._demand_window(work.now_s)
-        if start <= end:
+        (new_start, new_end), (fill_start, fill_end) = self._demand_windows(work.now_s)
+        oldest = align_down(work.now_s - self.settings.demand_lookback_s, self.step_s)
+        if self._demand_stale(new_end):
+            self._demand.clear()
+            self._demand_end_s = self._demand_from_s = None
+        for name, start, end in (
+            ("queue_nonelastic_demand", new_start, new_end),
+            ("queue_nonelastic_demand fill", fill_start, fill_end),
+        ):
+            if start > end:
+                continue
             try:
-                result = self._range("queue_nonelastic_demand", start, end)
-            except QueryRefused as e:
-                # The forecast keeps the history it has; no reason to hold every job.
-                work.problems.append(f"queue demand history: query refused: {e}")
+                result = self._range(name, start, end)
+            except (QueryRefused, QueryUnavailable) as e:
+                work.problems.append(f"queue demand history: {e}")
                 work.stale_series += 1
-                return
-            for series in result:
+                continue
+            filling = name.endswith(" fill")
+            read: dict[QueueName, list[DemandPoint]] = {}
+            for series in result:  # a queue's series comes once per chunk
                 queue = series.labels.get("queue_name", "")
                 if queue:
-                    points = self._demand.setdefault(QueueName(queue), [])
-                    points.extend(DemandPoint(t, g) for t, g in series.points if math.isfinite(g))
-            self._demand_end_s = end
+                    read.setdefault(QueueName(queue), []).extend(
+                        DemandPoint(t, g) for t, g in series.points if math.isfinite(g)
+                    )
+            for queue, new_points in read.items():
+                new_points.sort(key=_TIME)
+                points = self._demand.setdefault(queue, [])
+                if filling:
+                    points[:0] = new_points
+                else:
+                    points.extend(new_points)
+            if filling:
+                self._demand_from_s = start
+            else:
+                if self._demand_end_s is None:
+                    self._demand_from_s = start
+                self._demand_end_s = end
+        if self._demand_from_s is not None:
+            self._demand_from_s = max(oldest, self._demand_from_s)
         for queue in list(self._demand):
             points = self._demand[queue]
             cut = bisect.bisect_left(points, oldest, key=_TIME)
