@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from metrics_collector.prometheus import PrometheusConnection, PrometheusSource
-from metrics_collector.sampling import QueueFigures
+from metrics_collector.sampling import DEMAND_FILL_S, QueueFigures
 from scheduler_policy.engine.reconcile import reconcile
 from scheduler_policy.models.cache import ModelCache
 from scheduler_policy.policy.spec import (
@@ -278,13 +278,13 @@ def test_a_refused_query_is_a_problem_not_an_exception(
     assert any(p.startswith(problem) for p in prom.last_report.problems), prom.last_report.problems
 
 
-def test_demand_history_fills_a_day_per_round_in_chunks(
+def test_demand_history_fills_a_part_per_round_in_chunks(
     prometheus_factory: PrometheusFactory,
 ) -> None:
-    """Two days at a 5 s step: each round reads one more day, 17,280 points, over Prometheus's
-    limit of 11,000 for one query; the rounds together hold every point once, in order."""
+    """Twelve hours at a 1 s step: each round reads six hours more, 21,600 points, over
+    Prometheus's limit of 11,000 for one query; the rounds together hold every point once."""
     now = time.time()
-    at = [*times(now - 2 * 86400 - 600, now - 60, every_s=60), now - 2]  # fresh at a 5 s interval
+    at = [*times(now - 43200 - 600, now - 60, every_s=60), now - 0.5]  # fresh at a 1 s interval
     series = [ksm_node("node-0", 8, at)]
     series += ksm_pod("prod", "p", gpus=2, phase="Running", node="node-0", queue="production",
                       elastic=False, at=at)  # fmt: skip
@@ -292,8 +292,8 @@ def test_demand_history_fills_a_day_per_round_in_chunks(
     server = prometheus_factory.start(series=series)
     prom = PrometheusSource(
         connection=PrometheusConnection(url=server.url),
-        settings=replace(SETTINGS, demand_lookback_s=2 * 86400.0),
-        interval_s=5.0,
+        settings=replace(SETTINGS, demand_lookback_s=43200.0),
+        interval_s=1.0,
     )
     lengths = []
     for _ in range(4):
@@ -302,10 +302,11 @@ def test_demand_history_fills_a_day_per_round_in_chunks(
         history = sample.queue_demand_history[QueueName("production")]
         lengths.append(len(history))
     times_s = [p.time_s for p in history]
-    # The lookback's both ends count: two days are 2 * 17,280 + 1 points.
-    assert lengths == [17_280, 2 * 17_280, 2 * 17_280 + 1, 2 * 17_280 + 1]
+    fill = round(DEMAND_FILL_S)  # points per round at a 1 s step
+    # The lookback's both ends count: twelve hours are 2 * 21,600 + 1 points.
+    assert lengths == [fill, 2 * fill, 2 * fill + 1, 2 * fill + 1]
     assert times_s == sorted(set(times_s))
-    assert times_s[-1] - times_s[0] == 2 * 86400
+    assert times_s[-1] - times_s[0] == 43200
     assert {p.gpus for p in history} == {2.0}
 
 
