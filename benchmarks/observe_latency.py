@@ -7,9 +7,12 @@ samples over the throughput lookback (every job ran at two sizes); per queue Vol
 series over the demand lookback; every elastic pod's kube-state-metrics series; the nodes. Then
 ``PrometheusSource.sample`` is timed with the policy's default PromQL:
 
-- cold: a new source, which reads the whole throughput and demand history;
-- warm: the same source one decision interval later, again and again, which reads only the
-  points since its last round (the steady state of a running engine).
+- cold: a new source, which reads the whole throughput history and the newest six hours of
+  demand;
+- filling: the same source one decision interval later, again and again, while the demand
+  lookback fills six hours per round (28 rounds for the default week);
+- warm: later rounds still, which read only the points since the last round (the steady state
+  of a running engine).
 
 Prints a table; ``--json PATH`` writes the records.
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -35,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from metrics_collector.prometheus import PrometheusConnection, PrometheusSource  # noqa: E402
+from metrics_collector.sampling import DEMAND_FILL_S  # noqa: E402
 from scheduler_policy.policy.spec import MetricsSettings  # noqa: E402
 from tests.prometheus_server import PrometheusServer, find_binaries  # noqa: E402
 
@@ -100,7 +105,7 @@ def write_history(out: BlockFiles, *, jobs: int, queues: int, now_s: float,
                   settings: MetricsSettings) -> None:  # fmt: skip
     """Write the whole backfill into ``out``."""
     start = now_s - settings.lookback_s
-    demand_start = now_s - settings.demand_lookback_s
+    demand_start = now_s - settings.demand_lookback_s - 7200  # the rounds start before now
     end = now_s - 5
     half = start + (end - start) / 2
     out.start_family("tide_worker_samples", "counter")
@@ -125,7 +130,7 @@ def write_history(out: BlockFiles, *, jobs: int, queues: int, now_s: float,
         out.start_family(name, "gauge")
         for ns, job, _, _ in _jobs(jobs, queues):
             labels = _labels(namespace=ns, volcano_job=job, pod=f"{job}-worker-0")
-            _gauge(out, name, labels, value, end - 1800, end, WORKER_SCRAPE_S)
+            _gauge(out, name, labels, value, end - 7200, end, WORKER_SCRAPE_S)
     for figure in ("allocated", "request", "deserved"):
         name = f"volcano_queue_{figure}_scalar_resources"
         out.start_family(name, "gauge")
@@ -183,9 +188,12 @@ def main() -> None:
         backfill_s = time.perf_counter() - started
         server.start()
         try:
-            # The first round runs where the history still has the warm rounds ahead of it.
-            first_s = now_s - args.warm_runs * INTERVAL_S - 60
-            cold, warm = [], []
+            # The first round runs where the history still has the later rounds ahead of it.
+            fill_runs = math.ceil(settings.demand_lookback_s / DEMAND_FILL_S)
+            first_s = now_s - (fill_runs + args.warm_runs) * INTERVAL_S - 60
+            cold: list[float] = []
+            filling: list[float] = []
+            warm: list[float] = []
             for _ in range(args.cold_runs):
                 source = PrometheusSource(connection=PrometheusConnection(url=server.url),
                                           settings=settings, interval_s=INTERVAL_S)  # fmt: skip
@@ -193,24 +201,29 @@ def main() -> None:
                 sample = source.sample(now_s=first_s)
                 cold.append(time.perf_counter() - began)
                 assert sample.fresh, source.last_report.problems[:3]
-            for k in range(1, args.warm_runs + 1):
+            for k in range(1, fill_runs + args.warm_runs + 1):
                 began = time.perf_counter()
                 sample = source.sample(now_s=first_s + k * INTERVAL_S)
-                warm.append(time.perf_counter() - began)
+                (filling if k <= fill_runs else warm).append(time.perf_counter() - began)
             assert sample.fresh, source.last_report.problems[:3]
             assert len(sample.job_throughput) == args.jobs
             assert not sample.stale_jobs, list(sample.stale_jobs.items())[:3]
             sizes = {len(h) for h in sample.job_throughput.values()}
             assert sizes == {2}, f"every job ran at two sizes, got point counts {sizes}"
             assert len(sample.queue_demand_history) == args.queues
+            demand = next(iter(sample.queue_demand_history.values()))
+            filled_s = demand[-1].time_s - demand[0].time_s
+            assert filled_s == settings.demand_lookback_s, f"demand history {filled_s} s"
         finally:
             server.stop()
     cold_median, warm_median = statistics.median(cold), statistics.median(warm)
+    filling_median = statistics.median(filling)
     print(f"PrometheusSource.sample, {args.jobs} jobs in {args.queues} queues, "
           f"{os.cpu_count()} cores, Python {platform.python_version()}")  # fmt: skip
     print(f"backfill: {samples:,} samples in {backfill_s:.1f} s")
     print(f"{'round':>6} {'runs':>5} {'median s':>9} {'max s':>7}")
     print(f"{'cold':>6} {len(cold):>5} {cold_median:>9.3f} {max(cold):>7.3f}")
+    print(f"{'fill':>6} {len(filling):>5} {filling_median:>9.3f} {max(filling):>7.3f}")
     print(f"{'warm':>6} {len(warm):>5} {warm_median:>9.3f} {max(warm):>7.3f}")
     base = {"jobs": args.jobs, "queues": args.queues}
     records = [
@@ -219,6 +232,9 @@ def main() -> None:
         {"metric": "observe_latency_cold_median", "value": round(cold_median, 4), "unit": "s",
          **base, "round": "cold", "runs": len(cold),
          "lookback_s": settings.lookback_s, "demand_lookback_s": settings.demand_lookback_s},
+        {"metric": "observe_latency_filling_median", "value": round(filling_median, 4),
+         "unit": "s", **base, "round": "filling", "runs": len(filling),
+         "demand_fill_s": DEMAND_FILL_S},
     ]  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
