@@ -31,14 +31,8 @@ from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
-from metrics_collector.sampling import (
-    InstantSeries,
-    QueryRefused,
-    QueryUnavailable,
-    RangeSeries,
-    SampleBuilder,
-    SampleReport,
-)
+from metrics_collector.querier import InstantSeries, QueryRefused, QueryUnavailable, RangeSeries
+from metrics_collector.sampling import SampleBuilder, SampleReport
 from scheduler_policy.policy.spec import MetricsSettings
 from scheduler_policy.vocabulary.protocols import MetricsSample
 

@@ -16,15 +16,20 @@ import logging
 import math
 import operator
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from metrics_collector.promql import align_down, chunk_range, placeholder_values, render
+from metrics_collector.querier import (
+    InstantSeries,
+    Querier,
+    QueryRefused,
+    QueryUnavailable,
+    RangeSeries,
+)
 from metrics_collector.throughput import JobThroughput
 from scheduler_policy.policy.spec import MetricsSettings, PrometheusQueries
-from scheduler_policy.vocabulary.errors import PermanentError, TemporaryError
 from scheduler_policy.vocabulary.protocols import MetricsSample
 from scheduler_policy.vocabulary.state import DemandPoint, JobKey, QueueName, ThroughputPoint
 
@@ -44,54 +49,6 @@ interval's step is one heavy query over every pod, too slow for one round on a l
 
 STALE_INTERVALS = 2.0
 """A series whose newest sample is older than this many decision intervals is stale."""
-
-
-@dataclass(frozen=True, slots=True)
-class InstantSeries:
-    """One series of an instant query: its labels and its value at the query time."""
-
-    labels: Mapping[str, str]
-    value: float
-
-
-@dataclass(frozen=True, slots=True)
-class RangeSeries:
-    """One series of a range query: its labels and ``(time_s, value)`` points, oldest first."""
-
-    labels: Mapping[str, str]
-    points: Sequence[tuple[float, float]]
-
-
-class QueryUnavailable(TemporaryError):
-    """Prometheus did not answer (connection refused, timeout, 5xx) within the retries."""
-
-
-class QueryRefused(PermanentError):
-    """Prometheus refused the query (bad PromQL, 4xx): retrying it will not help."""
-
-
-class Querier(Protocol):
-    """Runs PromQL against one Prometheus."""
-
-    def instant(self, query: str, *, time_s: float) -> list[InstantSeries]:
-        """The query's value at ``time_s``.
-
-        Raises:
-            QueryUnavailable: Prometheus did not answer.
-            QueryRefused: Prometheus refused the query.
-        """
-        ...
-
-    def range(
-        self, query: str, *, start_s: float, end_s: float, step_s: float
-    ) -> list[RangeSeries]:
-        """The query at ``start_s, start_s + step_s, ...`` up to ``end_s``.
-
-        Raises:
-            QueryUnavailable: Prometheus did not answer.
-            QueryRefused: Prometheus refused the query.
-        """
-        ...
 
 
 @dataclass(frozen=True, slots=True)
