@@ -56,6 +56,8 @@ class PrometheusConnection:
         backoff_s: the wait before the second try; it doubles before each further one.
         budget_fraction: the share of the decision interval one sample may spend in all,
             retries included; past it the sample is stale.
+        min_budget_s: the least time one sample may spend, whatever the interval (a very
+            short interval would otherwise leave no time for a query at all).
     """
 
     url: str
@@ -67,6 +69,7 @@ class PrometheusConnection:
     attempts: int = 3
     backoff_s: float = 0.25
     budget_fraction: float = 0.5
+    min_budget_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -79,6 +82,8 @@ class PrometheusConnection:
             raise ValueError(f"backoff_s: must be >= 0, got {self.backoff_s}")
         if not 0 < self.budget_fraction <= 1:
             raise ValueError(f"budget_fraction: must be in (0, 1], got {self.budget_fraction}")
+        if not math.isfinite(self.min_budget_s) or self.min_budget_s < 0:
+            raise ValueError(f"min_budget_s: must be >= 0, got {self.min_budget_s}")
 
 
 def _float(value: str) -> float:
@@ -220,9 +225,10 @@ class PrometheusSource:
 
     def sample(self, *, now_s: float) -> MetricsSample:
         """See base class. Never raises for Prometheus trouble: the sample is stale instead."""
-        self._querier.deadline = (
-            time.monotonic() + self.connection.budget_fraction * self.interval_s
+        budget_s = max(
+            self.connection.min_budget_s, self.connection.budget_fraction * self.interval_s
         )
+        self._querier.deadline = time.monotonic() + budget_s
         self._querier.unavailable = None
         try:
             self._querier.refresh_headers()

@@ -33,6 +33,22 @@ from scheduler_policy.policy.spec import MetricsSettings, PrometheusQueries
 from scheduler_policy.vocabulary.protocols import MetricsSample
 from scheduler_policy.vocabulary.state import DemandPoint, JobKey, QueueName, ThroughputPoint
 
+__all__ = [
+    "DEMAND_FILL_S",
+    "MILLI",
+    "STALE_INTERVALS",
+    # The query types live in querier.py; named here too for the modules that import them here.
+    "InstantSeries",
+    "Querier",
+    "QueryRefused",
+    "QueryUnavailable",
+    "QueueFigures",
+    "RangeSeries",
+    "SampleBuilder",
+    "SampleReport",
+    "job_key",
+]
+
 logger = logging.getLogger(__name__)
 
 MILLI = 1000.0
