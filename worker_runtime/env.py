@@ -15,6 +15,9 @@ Variables read (all optional except where torchrun always sets them):
 ``POD_NAMESPACE``
     Namespace of the pod, exposed through the downward API from ``metadata.namespace``; it labels
     every metric (``namespace``).
+``POD_NAME``
+    Name of the pod, exposed through the downward API from ``metadata.name``; it labels every
+    metric (``pod``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from worker_runtime.errors import ConfigError
 METRICS_PORT_ENV = "TIDE_METRICS_PORT"
 JOB_NAME_ENV = "VOLCANO_JOB_NAME"
 NAMESPACE_ENV = "POD_NAMESPACE"
+POD_NAME_ENV = "POD_NAME"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +47,7 @@ class WorkerEnv:
         job_name: Volcano Job name, ``""`` when unknown.
         namespace: Kubernetes namespace, ``""`` when unknown.
         metrics_port: Port for the metrics server, ``None`` for no server.
+        pod_name: Kubernetes pod name, ``""`` when unknown.
     """
 
     rank: int
@@ -53,6 +58,7 @@ class WorkerEnv:
     job_name: str
     namespace: str
     metrics_port: int | None
+    pod_name: str = ""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerEnv:
@@ -87,6 +93,7 @@ class WorkerEnv:
             job_name=env.get(JOB_NAME_ENV, ""),
             namespace=env.get(NAMESPACE_ENV, ""),
             metrics_port=metrics_port,
+            pod_name=env.get(POD_NAME_ENV, ""),
         )
 
 

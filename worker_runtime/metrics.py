@@ -1,9 +1,17 @@
 """Prometheus metrics of one training pod, served by its local rank 0.
 
-Every metric carries the labels ``volcano_job`` (``VOLCANO_JOB_NAME``) and ``namespace``
-(``POD_NAMESPACE``). ``tide_worker_samples_total`` counts the samples this pod's workers trained
-on, so summing its rate over the pods of a job gives the job's throughput; the other counters
-describe the job as this pod saw it (take ``max`` over pods).
+Every metric carries the labels ``volcano_job`` (``VOLCANO_JOB_NAME``), ``namespace``
+(``POD_NAMESPACE``) and ``pod`` (``POD_NAME``, from the Downward API). ``tide_worker_samples_total``
+counts the samples this pod's workers trained on, so summing its rate over the pods of a job gives
+the job's throughput; the other counters describe the job as this pod saw it (take ``max`` over
+pods).
+
+Progress: ``tide_worker_consumed_samples`` is the job's global count of consumed samples, restarts
+and rescales included (the checkpointed data position, the same on every pod), and
+``tide_worker_planned_samples`` the samples the whole run will consume, present only when the
+script declared both its epochs and its dataset; the engine reads their difference as the job's
+remaining samples. (The pods' ``samples_total`` counters restart from zero with each membership,
+so they cannot tell how far the job is.)
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 _STEP_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _CHECKPOINT_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-LABELS = ("volcano_job", "namespace")
+LABELS = ("volcano_job", "namespace", "pod")
 
 
 class WorkerMetrics:
@@ -29,15 +37,22 @@ class WorkerMetrics:
             pass their own).
         job_name: Value of the ``volcano_job`` label.
         namespace: Value of the ``namespace`` label.
+        pod: Value of the ``pod`` label.
     """
 
     def __init__(
-        self, *, registry: CollectorRegistry | None = None, job_name: str = "", namespace: str = ""
+        self,
+        *,
+        registry: CollectorRegistry | None = None,
+        job_name: str = "",
+        namespace: str = "",
+        pod: str = "",
     ) -> None:
         self.registry = CollectorRegistry() if registry is None else registry
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
-        labels = {"volcano_job": job_name, "namespace": namespace}
+        labels = {"volcano_job": job_name, "namespace": namespace, "pod": pod}
+        self._labels = labels
         reg = self.registry
         self.samples = Counter(
             "tide_worker_samples",
@@ -103,6 +118,35 @@ class WorkerMetrics:
             LABELS,
             registry=reg,
         ).labels(**labels)
+
+        self.consumed_samples = Gauge(
+            "tide_worker_consumed_samples",
+            "Samples the job has consumed since it began, over all workers, restarts and "
+            "rescales (its data position).",
+            LABELS,
+            registry=reg,
+        ).labels(**labels)
+        # No child until the run knows its plan: a job that declares none exports no figure.
+        self._planned_samples = Gauge(
+            "tide_worker_planned_samples",
+            "Samples the whole run will consume (epochs times the samples of an epoch); absent "
+            "when the script declares no epochs or dataset.",
+            LABELS,
+            registry=reg,
+        )
+
+    def set_planned_samples(self, samples: int) -> None:
+        """Export the samples the whole run will consume.
+
+        Args:
+            samples: the plan, at least 0.
+
+        Raises:
+            ValueError: ``samples`` is negative.
+        """
+        if samples < 0:
+            raise ValueError(f"planned samples: must be >= 0, got {samples}")
+        self._planned_samples.labels(**self._labels).set(samples)
 
     def serve(self, port: int, *, addr: str = "0.0.0.0") -> None:
         """Serve the registry over HTTP in a daemon thread until :meth:`close`.

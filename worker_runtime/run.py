@@ -119,7 +119,10 @@ class ElasticRun:
             model=model, optimizer=optimizer, scheduler=scheduler, extras=extras, seed=seed
         )
         self.metrics = WorkerMetrics(
-            registry=registry, job_name=self.env.job_name, namespace=self.env.namespace
+            registry=registry,
+            job_name=self.env.job_name,
+            namespace=self.env.namespace,
+            pod=self.env.pod_name,
         )
         self.store = CheckpointStore(self.directory, keep=keep_checkpoints)
         self.checkpointer = AsyncCheckpointer(self.store, on_commit=self._on_commit)
@@ -130,6 +133,7 @@ class ElasticRun:
         self._stop = StopRequest()
         self._owns_group = False
         self._sampler: ElasticSampler | None = None
+        self._planned_epochs: int | None = None
         self._last_save_s = time.monotonic()
         self.position = Position()
         self.resume_info: ResumeInfo | None = None
@@ -157,6 +161,7 @@ class ElasticRun:
         self.metrics.restarts.inc(self.state.restarts)
         self.metrics.rescales.inc(self.state.rescales)
         self.metrics.samples_lost.inc(self.state.samples_lost)
+        self.metrics.consumed_samples.set(self.position.samples_total)
         self._last_save_s = time.monotonic()
         return self
 
@@ -240,6 +245,7 @@ class ElasticRun:
             global_batch_size=self.plan.global_batch_size,
             drop_last=True,
         )
+        self._export_plan()
         return self._sampler
 
     def epochs(self, num_epochs: int) -> Iterator[int]:
@@ -251,6 +257,8 @@ class ElasticRun:
         Yields:
             The current epoch.
         """
+        self._planned_epochs = num_epochs
+        self._export_plan()
         while self.position.epoch < num_epochs:
             yield self.position.epoch
             if self._sampler is not None and self._steps_left() == 0:
@@ -344,6 +352,15 @@ class ElasticRun:
 
     # ---------------------------------------------------------------- internals
 
+    def _export_plan(self) -> None:
+        # Known once both the epochs and the dataset are: each epoch consumes its whole steps
+        # (drop_last), from its first sample.
+        if self._planned_epochs is None or self._sampler is None:
+            return
+        g = self.plan.global_batch_size
+        per_epoch = self._sampler.num_samples_total // g * g
+        self.metrics.set_planned_samples(self._planned_epochs * per_epoch)
+
     def _steps_left(self) -> int:
         assert self._sampler is not None
         self._sampler.set_position(
@@ -375,6 +392,7 @@ class ElasticRun:
             samples_total=p.samples_total + g,
         )
         self.metrics.steps.inc()
+        self.metrics.consumed_samples.set(self.position.samples_total)
         self.metrics.samples.inc(self.plan.samples_per_worker_per_step * self.env.local_world_size)
         self.metrics.step_seconds.observe(time.perf_counter() - started_s)
         if self.env.rank == 0:

@@ -8,6 +8,9 @@ together as one ``PolicyError``, so an admin fixes a file in one pass.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,15 @@ from scheduler_policy.policy.fields import (
     section,
     show,
 )
-from scheduler_policy.policy.spec import Defaults, ElasticPolicy, Headroom, Objective, QueuePolicy
+from scheduler_policy.policy.spec import (
+    Defaults,
+    ElasticPolicy,
+    Headroom,
+    MetricsSettings,
+    Objective,
+    PrometheusQueries,
+    QueuePolicy,
+)
 from scheduler_policy.vocabulary.errors import PolicyError
 from scheduler_policy.vocabulary.state import QueueName
 
@@ -36,13 +47,23 @@ KIND = "ElasticPolicy"
 
 _TOP_KEYS = ("apiVersion", "kind", "metadata", "spec")
 _METADATA_KEYS = ("name", "labels", "annotations")
-_SPEC_KEYS = ("interval", "modelRefitInterval", "objective", "defaults", "queues")
+_SPEC_KEYS = ("interval", "modelRefitInterval", "objective", "defaults", "queues", "metrics")
 _OBJECTIVES = {o.value: o for o in Objective}
 _DEFAULTS_KEYS = ("tolerance", "restartCost", "cooldown", "maxStepUp", "maxStepDown")
 _DEFAULTS_KEYS_MORE = ("stabilizationWindow", "assumedRemaining")
 _WINDOW_KEYS = ("up", "down")
 _QUEUE_KEYS = ("name", "elastic", "borrowIdleGpus", "maxElasticGpus", "headroom")
 _HEADROOM_KEYS = ("gpus", "forecastQuantile", "horizon")
+_METRICS_KEYS = ("prometheus",)
+_PROMETHEUS_KEYS = ("rateWindow", "lookback", "demandLookback", "queries")
+# File key of each query (camelCase of the field): queueAllocated -> queue_allocated.
+_QUERY_KEYS = {
+    "".join(w if i == 0 else w.capitalize() for i, w in enumerate(f.split("_"))): f
+    for f in PrometheusQueries.__dataclass_fields__
+}
+PLACEHOLDERS = ("rateWindow",)
+"""What a query template may name as ``${...}``."""
+_PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 
 
 def _tolerance(value: object, path: str) -> float:
@@ -117,6 +138,62 @@ def _parse_headroom(queue: Section) -> Headroom:
         ),
         horizon_s=headroom.get("horizon", base.horizon_s, positive_duration),
     )
+
+
+def _query(value: object, path: str) -> str:
+    """A PromQL template: a non-empty string whose ``${...}`` placeholders are all known."""
+    text = nonempty_string(value, path)
+    for name in _PLACEHOLDER.findall(text):
+        if name not in PLACEHOLDERS:
+            close = difflib.get_close_matches(name, PLACEHOLDERS, n=1, cutoff=0.6)
+            hint = (
+                f"did you mean ${{{close[0]}}}?"
+                if close
+                else "expected " + " or ".join(f"${{{p}}}" for p in PLACEHOLDERS)
+            )
+            raise ValueError(f"{path}: unknown placeholder ${{{name}}}; {hint}")
+    return text
+
+
+def _parse_metrics(spec: Section) -> MetricsSettings:
+    base = MetricsSettings()
+    metrics = spec.section("metrics", _METRICS_KEYS)
+    prometheus = metrics.section("prometheus", _PROMETHEUS_KEYS) if metrics else None
+    if prometheus is None:
+        return base
+    queries = prometheus.section("queries", tuple(_QUERY_KEYS))
+    base_queries = base.queries
+    overrides = {
+        field: queries.get(key, getattr(base_queries, field), _query)
+        for key, field in _QUERY_KEYS.items()
+        if queries is not None and key in queries.mapping
+    }
+    return MetricsSettings(
+        rate_window_s=prometheus.get("rateWindow", base.rate_window_s, positive_duration),
+        lookback_s=prometheus.get("lookback", base.lookback_s, positive_duration),
+        demand_lookback_s=prometheus.get(
+            "demandLookback", base.demand_lookback_s, positive_duration
+        ),
+        queries=dataclasses.replace(base_queries, **overrides),
+    )
+
+
+def _metrics_document(metrics: MetricsSettings) -> dict[str, Any]:
+    """The ``spec.metrics`` section, with only the queries that differ from their defaults."""
+    default = PrometheusQueries()
+    queries = {
+        key: getattr(metrics.queries, field)
+        for key, field in _QUERY_KEYS.items()
+        if getattr(metrics.queries, field) != getattr(default, field)
+    }
+    prometheus: dict[str, Any] = {
+        "rateWindow": _seconds(metrics.rate_window_s),
+        "lookback": _seconds(metrics.lookback_s),
+        "demandLookback": _seconds(metrics.demand_lookback_s),
+    }
+    if queries:
+        prometheus["queries"] = queries
+    return {"prometheus": prometheus}
 
 
 def _parse_queue(value: object, *, path: str, problems: list[str]) -> QueuePolicy | None:
@@ -198,6 +275,7 @@ def parse_policy(data: object, *, source: str) -> ElasticPolicy:
             objective=spec.get("objective", base.objective, _objective),
             defaults=_parse_defaults(spec),
             queues=_parse_queues(spec),
+            metrics=_parse_metrics(spec),
         )
     if problems:
         raise PolicyError(source, problems)
@@ -271,6 +349,8 @@ def policy_document(policy: ElasticPolicy) -> dict[str, Any]:
             for q in policy.queues
         ],
     }
+    if policy.metrics != MetricsSettings():  # files without the section stay as they were
+        spec["metrics"] = _metrics_document(policy.metrics)
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,

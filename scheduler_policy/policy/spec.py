@@ -86,6 +86,99 @@ class QueuePolicy:
     max_elastic_gpus: float | None = None
 
 
+# The PromQL each figure is read with. Every template may use the placeholder ``${rateWindow}``
+# (the rate window as a PromQL duration, ``120s``); ``$1`` and the like, as in label_replace, are
+# PromQL's own and pass through. Results must keep the labels named: ``queue_name`` for queue
+# figures, ``namespace`` and ``volcano_job`` for job figures, none for cluster figures. Volcano's
+# queue figures are milli-units (1 GPU reads 1000); the source converts them, so an override of
+# a ``queue*`` figure other than ``queueLastSample`` and ``queueNonelasticDemand`` must keep
+# milli-units too.
+_GPU = 'resource="nvidia.com/gpu"'
+_KSM_GPU = 'resource="nvidia_com_gpu"'
+# Pods that hold or wait for GPUs now: kube-state-metrics keeps exporting finished pods' requests.
+_LIVE_POD = (
+    "on (namespace, pod) group_left () "
+    '(max by (namespace, pod) (kube_pod_status_phase{phase=~"Pending|Running"}) == 1)'
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusQueries:
+    """The PromQL templates of every figure the Prometheus source reads (file keys in camelCase).
+
+    Attributes:
+        queue_allocated: GPUs each queue's pods hold, milli-units (Volcano scheduler).
+        queue_request: GPUs each queue's jobs request, milli-units.
+        queue_deserved: each queue's deserved share, milli-units (only queues with a share).
+        queue_capacity: each queue's capacity, milli-units (capacity plugin only; may be absent).
+        queue_real_capacity: each queue's real capacity, milli-units (capacity plugin only).
+        queue_last_sample: when each queue's figures were last scraped, seconds since the epoch.
+        queue_nonelastic_demand: GPUs (whole units) requested by each queue's running and
+            pending pods that are not elastic: kube-state-metrics' pod requests joined with the
+            pods' ``volcano.sh/queue-name`` label, leaving out pods labelled
+            ``tide.io/elastic: "true"``. kube-state-metrics must export both labels
+            (``--metric-labels-allowlist=pods=[volcano.sh/queue-name,tide.io/elastic]``).
+            Read as a range for the demand forecaster.
+        cluster_allocatable: GPUs the nodes can allocate (kube-state-metrics).
+        cluster_requested: GPUs requested by pods bound to a node and not finished
+            (``or vector(0)``: no such pod is 0, not missing).
+        cluster_last_sample: when the nodes' figures were last scraped.
+        job_throughput: each job's training samples per second over all its pods.
+        job_world_size: each job's workers in its current membership.
+        job_last_sample: when each job's throughput counter was last scraped.
+        job_planned_samples: samples each job's run will consume in all (only jobs that
+            declare their epochs and dataset).
+        job_consumed_samples: samples each job has consumed since it began, restarts included.
+    """
+
+    queue_allocated: str = f"volcano_queue_allocated_scalar_resources{{{_GPU}}}"
+    queue_request: str = f"volcano_queue_request_scalar_resources{{{_GPU}}}"
+    queue_deserved: str = f"volcano_queue_deserved_scalar_resources{{{_GPU}}}"
+    queue_capacity: str = f"volcano_queue_capacity_scalar_resources{{{_GPU}}}"
+    queue_real_capacity: str = f"volcano_queue_real_capacity_scalar_resources{{{_GPU}}}"
+    queue_last_sample: str = (
+        f"max by (queue_name) (timestamp(volcano_queue_allocated_scalar_resources{{{_GPU}}}))"
+    )
+    queue_nonelastic_demand: str = (
+        "sum by (queue_name) (label_replace("
+        f"kube_pod_container_resource_requests{{{_KSM_GPU}}} * {_LIVE_POD}"
+        " * on (namespace, pod) group_left (label_volcano_sh_queue_name)"
+        " max by (namespace, pod, label_volcano_sh_queue_name) (kube_pod_labels{"
+        'label_volcano_sh_queue_name!="", label_tide_io_elastic!="true"}),'
+        ' "queue_name", "$1", "label_volcano_sh_queue_name", "(.+)"))'
+    )
+    cluster_allocatable: str = f"sum(kube_node_status_allocatable{{{_KSM_GPU}}})"
+    cluster_requested: str = (
+        f'sum(kube_pod_container_resource_requests{{{_KSM_GPU}, node!=""}} * {_LIVE_POD})'
+        " or vector(0)"
+    )
+    cluster_last_sample: str = f"max(timestamp(kube_node_status_allocatable{{{_KSM_GPU}}}))"
+    job_throughput: str = (
+        "sum by (namespace, volcano_job) (rate(tide_worker_samples_total[${rateWindow}]))"
+    )
+    job_world_size: str = "max by (namespace, volcano_job) (tide_worker_world_size)"
+    job_last_sample: str = "max by (namespace, volcano_job) (timestamp(tide_worker_samples_total))"
+    job_planned_samples: str = "max by (namespace, volcano_job) (tide_worker_planned_samples)"
+    job_consumed_samples: str = "max by (namespace, volcano_job) (tide_worker_consumed_samples)"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSettings:
+    """Where and how the engine reads its metrics (``spec.metrics.prometheus``).
+
+    Attributes:
+        rate_window_s: the window of throughput rates (``${rateWindow}``).
+        lookback_s: how far back throughput history is read for the scaling models.
+        demand_lookback_s: how far back queue demand history is read for the forecaster.
+        queries: the PromQL of each figure.
+    """
+
+    rate_window_s: float = 120.0
+    lookback_s: float = 6 * 3600.0
+    demand_lookback_s: float = 7 * 86400.0
+    queries: PrometheusQueries = field(default_factory=PrometheusQueries)
+
+
 @dataclass(frozen=True, slots=True)
 class ElasticPolicy:
     """A whole policy file.
@@ -98,6 +191,7 @@ class ElasticPolicy:
         objective: what the allocator ranks replicas by.
         defaults: settings for every job.
         queues: the queues tide manages; jobs in other queues are left alone.
+        metrics: how the Prometheus source reads the figures.
     """
 
     name: str = "default"
@@ -106,6 +200,7 @@ class ElasticPolicy:
     objective: Objective = Objective.COMPLETION_TIME
     defaults: Defaults = field(default_factory=Defaults)
     queues: tuple[QueuePolicy, ...] = ()
+    metrics: MetricsSettings = field(default_factory=MetricsSettings)
 
     def queue(self, name: QueueName) -> QueuePolicy | None:
         """The policy for queue ``name``, or None when tide does not manage it."""

@@ -7,12 +7,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler_policy.policy.fields import parse_duration
-from scheduler_policy.policy.file import load_policy, parse_policy
-from scheduler_policy.policy.spec import Defaults, ElasticPolicy, Headroom, Objective, QueuePolicy
+from scheduler_policy.policy.file import load_policy, parse_policy, policy_yaml
+from scheduler_policy.policy.spec import (
+    Defaults,
+    ElasticPolicy,
+    Headroom,
+    MetricsSettings,
+    Objective,
+    PrometheusQueries,
+    QueuePolicy,
+)
 from scheduler_policy.vocabulary.errors import PolicyError
 from scheduler_policy.vocabulary.state import QueueName
 
@@ -30,6 +39,10 @@ def make_doc(spec: Any = None, **top: Any) -> dict[str, Any]:
 
 def queues(*items: Any) -> dict[str, Any]:
     return {"queues": list(items)}
+
+
+def prom(**prometheus: Any) -> dict[str, Any]:
+    return {"metrics": {"prometheus": prometheus}}
 
 
 # ---------------------------------------------------------------------------------- durations
@@ -189,7 +202,8 @@ ERROR_CASES = [
     (make_doc(metadata={"nam": "x"}), "metadata.nam: unknown key; did you mean 'name'?"),
     (make_doc(spec=["x"]), "spec: must be a mapping, got ['x']"),
     (make_doc({"zzz": 1}), "spec.zzz: unknown key; expected one of 'interval', "
-                           "'modelRefitInterval', 'objective', 'defaults', 'queues'"),
+                           "'modelRefitInterval', 'objective', 'defaults', 'queues', "
+                           "'metrics'"),
     (make_doc({"interval": 60}), "spec.interval: must be a duration string such as '60s', got 60"),
     (make_doc({"interval": "0s"}), "spec.interval: must be longer than 0s, got '0s'"),
     (
@@ -260,6 +274,22 @@ ERROR_CASES = [
      "spec.queues[0].headroom.horizon: must be longer than 0s, got '0s'"),
     (make_doc(queues({"name": "q", "headroom": {"quantile": 0.9}})),
      "spec.queues[0].headroom.quantile: unknown key; did you mean 'forecastQuantile'?"),
+    (make_doc({"metrics": {"promethus": {}}}),
+     "spec.metrics.promethus: unknown key; did you mean 'prometheus'?"),
+    (make_doc(prom(rateWindow=120)),
+     "spec.metrics.prometheus.rateWindow: must be a duration string such as '120s', got 120"),
+    (make_doc(prom(lookback="0s")),
+     "spec.metrics.prometheus.lookback: must be longer than 0s, got '0s'"),
+    (make_doc(prom(queries={"jobThrouput": "x"})),
+     "spec.metrics.prometheus.queries.jobThrouput: unknown key; did you mean 'jobThroughput'?"),
+    (make_doc(prom(queries={"jobThroughput": "rate(x[${rateWindw}])"})),
+     "spec.metrics.prometheus.queries.jobThroughput: unknown placeholder ${rateWindw}; "
+     "did you mean ${rateWindow}?"),
+    (make_doc(prom(queries={"queueAllocated": "x{a=\"${queue}\"}"})),
+     "spec.metrics.prometheus.queries.queueAllocated: unknown placeholder ${queue}; "
+     "expected ${rateWindow}"),
+    (make_doc(prom(queries={"jobWorldSize": ""})),
+     "spec.metrics.prometheus.queries.jobWorldSize: must be a non-empty string, got ''"),
 ]  # fmt: skip
 ERROR_IDS = [
     "not-a-mapping", "apiversion-missing", "apiversion-wrong", "kind-missing", "kind-wrong",
@@ -274,7 +304,8 @@ ERROR_IDS = [
     "queue-name-missing", "queue-name-not-string", "queue-name-duplicate", "elastic-yes-string",
     "borrow-int", "borrow-short-key", "max-elastic-negative", "max-elastic-string",
     "headroom-not-mapping", "headroom-gpus-negative", "quantile-above-one", "quantile-zero",
-    "horizon-zero", "headroom-typo",
+    "horizon-zero", "headroom-typo", "metrics-typo", "rate-window-bare-number",
+    "lookback-zero", "query-typo", "placeholder-typo", "placeholder-unknown", "query-empty",
 ]  # fmt: skip
 
 
@@ -379,3 +410,54 @@ def test_example_policy_parses(path: Path) -> None:
 def test_default_example_spells_out_the_defaults() -> None:
     policy = load_policy(POLICIES_DIR / "default.yaml")
     assert policy == ElasticPolicy(queues=(QueuePolicy(name=QueueName("default")),))
+
+
+@pytest.mark.parametrize(
+    ("prometheus", "expected"),
+    [
+        ({}, MetricsSettings()),
+        (
+            {"rateWindow": "1m", "lookback": "3h", "demandLookback": "336h"},
+            MetricsSettings(
+                rate_window_s=60.0, lookback_s=3 * 3600.0, demand_lookback_s=336 * 3600.0
+            ),
+        ),
+        (
+            {
+                "queries": {
+                    "jobThroughput": "sum by (namespace, volcano_job) (rate(my_samples[2m]))"
+                }
+            },
+            MetricsSettings(
+                queries=PrometheusQueries(
+                    job_throughput="sum by (namespace, volcano_job) (rate(my_samples[2m]))"
+                )
+            ),
+        ),
+        (
+            # label_replace's $1 is PromQL's own, not a placeholder.
+            {
+                "queries": {
+                    "queueNonelasticDemand": 'label_replace(x, "queue_name", "$1", "q", "(.+)")'
+                }
+            },
+            MetricsSettings(
+                queries=PrometheusQueries(
+                    queue_nonelastic_demand='label_replace(x, "queue_name", "$1", "q", "(.+)")'
+                )
+            ),
+        ),
+    ],
+    ids=["empty-section-is-default", "durations", "query-override", "dollar-one-passes"],
+)
+def test_metrics_section(prometheus: dict[str, Any], expected: MetricsSettings) -> None:
+    policy = parse_policy(make_doc(prom(**prometheus)), source="p.yaml")
+    assert policy.metrics == expected
+    # And it reads back as written.
+    assert parse_policy(yaml.safe_load(policy_yaml(policy)), source="p.yaml") == policy
+
+
+def test_a_policy_without_metrics_writes_no_metrics_section() -> None:
+    assert (
+        "metrics" not in yaml.safe_load(policy_yaml(parse_policy(make_doc({}), source="p")))["spec"]
+    )

@@ -13,8 +13,13 @@ from torch.utils.data import DataLoader
 
 from worker_runtime import ElasticRun, ScalingMode
 
-LABELS = {"volcano_job": "train", "namespace": "ml"}
-ENV = {"VOLCANO_JOB_NAME": "train", "POD_NAMESPACE": "ml", "LOCAL_WORLD_SIZE": "1"}
+LABELS = {"volcano_job": "train", "namespace": "ml", "pod": "train-worker-0"}
+ENV = {
+    "VOLCANO_JOB_NAME": "train",
+    "POD_NAMESPACE": "ml",
+    "POD_NAME": "train-worker-0",
+    "LOCAL_WORLD_SIZE": "1",
+}
 
 
 def make_run(
