@@ -22,7 +22,7 @@ from scheduler_policy.policy.file import load_policy
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.errors import TideError
 from scheduler_policy.vocabulary.state import Observation
-from tide import policy_commands, sim_commands, tune_command
+from tide import history_command, policy_commands, sim_commands, tune_command
 
 app = typer.Typer(
     name="tide",
@@ -33,6 +33,7 @@ app = typer.Typer(
 policy_commands.register(app)
 sim_commands.register(app)
 tune_command.register(app)
+history_command.register(app)
 
 
 def plan_observation(*, observation: Observation, policy: ElasticPolicy) -> Plan:
