@@ -137,10 +137,14 @@ def openmetrics_text(series: Sequence[Series]) -> str:
         if len(types) > 1:
             raise ValueError(f"family {family!r}: series disagree on its type {sorted(types)}")
         lines.append(f"# TYPE {family} {members[0].type}")
+        # Series given twice (e.g. a pod's counter before and after a restart) are merged, so
+        # each series' samples go out once, in time order.
+        merged: dict[str, list[tuple[float, float]]] = {}
         for m in members:
             labels = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(m.labels.items()))
-            head = f"{m.name}{{{labels}}}" if labels else m.name
-            for t_s, value in sorted(m.samples):
+            merged.setdefault(f"{m.name}{{{labels}}}" if labels else m.name, []).extend(m.samples)
+        for head, samples in merged.items():
+            for t_s, value in sorted(samples, key=lambda sample: sample[0]):
                 lines.append(f"{head} {_number(value)} {t_s:.3f}")
     lines.append("# EOF")
     return "\n".join(lines) + "\n"
