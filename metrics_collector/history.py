@@ -21,29 +21,24 @@ the sum of their counters' increase over those intervals' time. Its work is the 
 counters gained over the run (each reset restarts from zero). Pods without GPUs are left out; a job
 without GPU pods is skipped and named in ``ClusterHistory.skipped``.
 
-Range queries are cut into chunks of at most ``MAX_POINTS_PER_QUERY`` points, under Prometheus's
-limit of 11,000 points per series. Prometheus is reached through ``RangeQuerier``:
-``HttpQuerier`` speaks its HTTP API with ``urllib``.
+Range queries are cut into chunks within Prometheus's limit of 11,000 points per series
+(``metrics_collector.promql.chunk_range``). Prometheus is reached through a ``RangeQuerier``: in
+production ``metrics_collector.prometheus.PrometheusQuerier``, the engine's own client (its
+connection settings: bearer token, basic auth, CA bundle).
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import json
 import math
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
+from metrics_collector.promql import chunk_range
+from metrics_collector.sampling import QueryRefused, QueryUnavailable, RangeSeries
 from scheduler_policy.vocabulary.errors import TideError
-
-MAX_POINTS_PER_QUERY = 10_000
-"""Points per series in one range query; Prometheus refuses more than 11,000."""
 
 QUERIES = 6
 """Range queries an export runs (each over every chunk): pods' labels, GPU requests, Running
@@ -70,14 +65,6 @@ class HistoryError(TideError):
         return type(self), (self.where, self.problem)
 
 
-@dataclass(frozen=True, slots=True)
-class RangeSeries:
-    """One series of a range query: its labels and ``(time_s, value)`` points, oldest first."""
-
-    labels: Mapping[str, str]
-    points: Sequence[tuple[float, float]]
-
-
 class RangeQuerier(Protocol):
     """Runs PromQL range queries against one Prometheus."""
 
@@ -87,51 +74,10 @@ class RangeQuerier(Protocol):
         """The query at ``start_s, start_s + step_s, ...`` up to ``end_s`` (one chunk).
 
         Raises:
-            HistoryError: Prometheus did not answer or refused the query.
+            QueryUnavailable: Prometheus did not answer.
+            QueryRefused: Prometheus refused the query.
         """
         ...
-
-
-class HttpQuerier:
-    """``RangeQuerier`` over Prometheus's HTTP API (``/api/v1/query_range``).
-
-    Args:
-        url: Prometheus's base URL, e.g. ``http://prometheus:9090``.
-        timeout_s: seconds to wait for one answer.
-    """
-
-    def __init__(self, url: str, *, timeout_s: float = 60.0) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise HistoryError("--prometheus", f"must be an http:// or https:// URL, got {url!r}")
-        self.url = url.rstrip("/")
-        self.timeout_s = timeout_s
-
-    def range(
-        self, query: str, *, start_s: float, end_s: float, step_s: float
-    ) -> list[RangeSeries]:
-        """See base class."""
-        params = {"query": query, "start": f"{start_s:.3f}", "end": f"{end_s:.3f}"}
-        params["step"] = f"{step_s:g}"
-        address = f"{self.url}/api/v1/query_range?{urllib.parse.urlencode(params)}"
-        try:
-            with urllib.request.urlopen(address, timeout=self.timeout_s) as reply:
-                body = json.loads(reply.read())
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode("utf-8", "replace")[:500]
-            with contextlib.suppress(ValueError, AttributeError):
-                detail = str(json.loads(detail).get("error", detail))
-            raise HistoryError(self.url, f"query refused ({e.code}): {detail}: {query}") from e
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            raise HistoryError(self.url, f"cannot read from Prometheus: {e}") from e
-        if body.get("status") != "success":
-            raise HistoryError(self.url, f"query failed: {body.get('error')}: {query}")
-        return [
-            RangeSeries(
-                labels=dict(item.get("metric", {})),
-                points=[(float(t), float(v)) for t, v in item.get("values", [])],
-            )
-            for item in body["data"]["result"]
-        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,17 +196,6 @@ def parse_time(text: str, *, option: str) -> float:
     return stamp.timestamp()
 
 
-def chunks(start_s: float, end_s: float, step_s: float) -> list[tuple[float, float]]:
-    """The grid ``start_s + k step_s`` up to ``end_s``, cut into ranges of at most
-    ``MAX_POINTS_PER_QUERY`` points, each point in exactly one."""
-    total = math.floor((end_s - start_s) / step_s + 1e-9) + 1
-    out: list[tuple[float, float]] = []
-    for first in range(0, total, MAX_POINTS_PER_QUERY):
-        last = min(first + MAX_POINTS_PER_QUERY, total) - 1
-        out.append((start_s + first * step_s, start_s + last * step_s))
-    return out
-
-
 Grid = dict[float, float]
 """Values by grid time."""
 
@@ -270,22 +205,26 @@ class _Reader:
     """Runs every query over every chunk, counting progress."""
 
     querier: RangeQuerier
+    where: str
     windows: list[tuple[float, float]]
     step_s: float
-    queries: int
     progress: Callable[[int, int], None] | None
     done: int = 0
 
     def series(self, query: str, keys: Sequence[str]) -> dict[tuple[str, ...], Grid]:
         merged: dict[tuple[str, ...], Grid] = {}
         for start, end in self.windows:
-            for s in self.querier.range(query, start_s=start, end_s=end, step_s=self.step_s):
+            try:
+                found = self.querier.range(query, start_s=start, end_s=end, step_s=self.step_s)
+            except (QueryUnavailable, QueryRefused) as e:
+                raise HistoryError(self.where, str(e)) from e
+            for s in found:
                 key = tuple(s.labels.get(k, "") for k in keys)
                 grid = merged.setdefault(key, {})
                 grid.update((round(t, 3), v) for t, v in s.points if math.isfinite(v))
             self.done += 1
             if self.progress is not None:
-                self.progress(self.done, self.queries * len(self.windows))
+                self.progress(self.done, QUERIES * len(self.windows))
         return merged
 
 
@@ -308,6 +247,7 @@ def export_history(
     step_s: float = 30.0,
     labels: HistoryLabels = HistoryLabels(),
     progress: Callable[[int, int], None] | None = None,
+    where: str = "prometheus",
 ) -> ClusterHistory:
     """Read the jobs that ran between ``start_s`` and ``end_s`` (see the module docstring).
 
@@ -319,6 +259,7 @@ def export_history(
             this resolution (keep it at least the scrape interval).
         labels: the label names to read.
         progress: called with (chunks done, chunks in all) after each chunk.
+        where: Prometheus's name in messages (its URL).
 
     Returns:
         The jobs, and the ones skipped with the reason.
@@ -331,7 +272,7 @@ def export_history(
     if not end_s > start_s:
         raise HistoryError("--end", f"must be after --start, got {end_s:g} <= {start_s:g}")
     start_s = math.floor(start_s / step_s) * step_s
-    reader = _Reader(querier, chunks(start_s, end_s, step_s), step_s, QUERIES, progress)
+    reader = _Reader(querier, where, chunk_range(start_s, end_s, step_s), step_s, progress)
     pods = _read_pods(reader, labels)
     worker_keys = ("namespace", "volcano_job", "pod")
     samples = reader.series(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -14,10 +15,10 @@ from metrics_collector.history import (
     HistoryError,
     HistoryJob,
     HistoryLabels,
-    HttpQuerier,
     export_history,
     parse_time,
 )
+from metrics_collector.prometheus import PrometheusConnection, PrometheusQuerier
 from simulations.errors import TraceError
 from simulations.profiles import ThroughputMeasurement, measured_profile
 from simulations.trace_rows import TraceRow, write_tide_trace
@@ -101,32 +102,39 @@ def export_trace(
     """
     start_s = parse_time(start, option="--start")
     end_s = parse_time(end, option="--end")
-    querier = HttpQuerier(prometheus)
-    if console is None:
-        history = export_history(
-            querier=querier, start_s=start_s, end_s=end_s, step_s=step_s, labels=labels
-        )
-    else:
-        columns = (
-            TextColumn("reading history"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=console, transient=True) as bar:
-            task = bar.add_task("history", total=None)
-
-            def advance(done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total)
-
-            history = export_history(
-                querier=querier,
-                start_s=start_s,
-                end_s=end_s,
-                step_s=step_s,
-                labels=labels,
-                progress=advance,
+    try:
+        connection = PrometheusConnection(url=prometheus, timeout_s=60.0)
+    except ValueError as e:
+        raise HistoryError("--prometheus", str(e)) from e
+    querier = PrometheusQuerier(connection)
+    read = functools.partial(
+        export_history,
+        querier=querier,
+        start_s=start_s,
+        end_s=end_s,
+        step_s=step_s,
+        labels=labels,
+        where=prometheus,
+    )
+    try:
+        if console is None:
+            history = read()
+        else:
+            columns = (
+                TextColumn("reading history"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
             )
+            with Progress(*columns, console=console, transient=True) as bar:
+                task = bar.add_task("history", total=None)
+
+                def advance(done: int, total: int) -> None:
+                    bar.update(task, completed=done, total=total)
+
+                history = read(progress=advance)
+    finally:
+        querier.close()
     write_tide_trace(out, trace_rows(history))
     return history
 
