@@ -136,7 +136,8 @@ def test_dashboard_panels_have_titles_datasources_and_queries() -> None:
         "throughput",
         "decisions by reason",
         "forecast against actual",
-        "model error",
+        "scaling model error",
+        "forecast model error",
     ):
         assert wanted in titles
 
@@ -220,18 +221,25 @@ def _cluster_series(now: float) -> list[Series]:
             for le, share in (("0.1", 0.2), ("0.25", 0.7), ("+Inf", 1.0)):
                 s = counter("tide_worker_step_seconds_bucket", {**worker, "le": le}, share * 4)
                 out.append(Series(s.name, s.labels, s.samples, type="unknown"))
+    # The engine's own metrics (metrics_collector/engine_metrics.py).
     job = {"namespace": "ml", "volcano_job": "bert"}
+    research, production = {"queue_name": "research"}, {"queue_name": "production"}
     out += [
-        gauge("tide_job_replicas", {**job, "kind": "current"}, 2),
-        gauge("tide_job_replicas", {**job, "kind": "target"}, 3),
-        gauge("tide_scaling_model_error_ratio", job, 0.08),
+        gauge("tide_job_replicas", job, 2),
+        gauge("tide_job_target_replicas", job, 3),
+        gauge("tide_scaling_model_relative_error_ratio", job, 0.08),
         counter("tide_decisions_total", {"reason": "ScaleUpForIdleGpus"}, 0.1),
         counter("tide_decisions_total", {"reason": "WithinTolerance"}, 0.5),
-        gauge("tide_queue_forecast_gpus", {"queue_name": "production"}, 9),
-        gauge("tide_forecast_error_gpus", {"queue_name": "production"}, 1.5),
-        gauge("tide_queue_gpus", {"queue_name": "research", "kind": "allocated"}, 12),
-        gauge("tide_queue_gpus", {"queue_name": "research", "kind": "deserved"}, 8),
+        counter("tide_replica_writes_total", {"outcome": "applied"}, 0.1),
+        gauge("tide_queue_budget_gpus", research, 14),
+        gauge("tide_queue_headroom_gpus", production, 2),
+        gauge("tide_queue_forecast_gpus", production, 9),
+        gauge("tide_forecast_coverage_ratio", production, 0.9),
+        gauge("tide_metrics_stale_series", {}, 0),
     ]
+    for le, share in (("0.05", 0.5), ("0.25", 0.9), ("+Inf", 1.0)):
+        s = counter("tide_reconcile_duration_seconds_bucket", {"le": le}, share / 30)
+        out.append(Series(s.name, s.labels, s.samples, type="unknown"))
     return out
 
 
