@@ -272,7 +272,13 @@ def export_history(
     if not end_s > start_s:
         raise HistoryError("--end", f"must be after --start, got {end_s:g} <= {start_s:g}")
     start_s = math.floor(start_s / step_s) * step_s
-    reader = _Reader(querier, where, chunk_range(start_s, end_s, step_s), step_s, progress)
+    reader = _Reader(
+        querier=querier,
+        where=where,
+        windows=chunk_range(start_s, end_s, step_s),
+        step_s=step_s,
+        progress=progress,
+    )
     pods = _read_pods(reader, labels)
     worker_keys = ("namespace", "volcano_job", "pod")
     samples = reader.series(
@@ -291,7 +297,7 @@ def export_history(
         job_samples = {k[2]: g for k, g in samples.items() if k[:2] == (namespace, name)}
         job_sizes = {k[2]: g for k, g in sizes.items() if k[:2] == (namespace, name)}
         try:
-            jobs.append(_job(key, members, job_samples, job_sizes, step_s=step_s))
+            jobs.append(_job(key, members, samples=job_samples, sizes=job_sizes, step_s=step_s))
         except ValueError as e:
             skipped.append(f"{key}: {e}")
     jobs.sort(key=lambda j: (j.submit_s, j.key))
@@ -344,9 +350,9 @@ def _read_pods(reader: _Reader, labels: HistoryLabels) -> dict[tuple[str, str], 
 def _job(
     key: str,
     members: list[_Pod],
+    *,
     samples: Mapping[str, Grid],
     sizes: Mapping[str, Grid],
-    *,
     step_s: float,
 ) -> HistoryJob:
     gpu_pods = [p for p in members if p.gpus > 0]

@@ -20,7 +20,7 @@ from metrics_collector.history import (
 )
 from metrics_collector.prometheus import PrometheusConnection, PrometheusQuerier
 from simulations.errors import TraceError
-from simulations.profiles import ThroughputMeasurement, measured_profile
+from simulations.profiles import MAX_PROFILE_REPLICAS, ThroughputMeasurement, measured_profile
 from simulations.trace_rows import TraceRow, write_tide_trace
 
 _DEFAULT = HistoryLabels()
@@ -43,7 +43,7 @@ def trace_row(job: HistoryJob, *, origin_s: float) -> TraceRow:
     throughput = tuple(
         ThroughputMeasurement(replicas=m.replicas, samples_per_s=m.samples_per_s)
         for m in job.throughput
-        if m.replicas <= 128
+        if m.replicas <= MAX_PROFILE_REPLICAS
     )
     duration_s = job.run_s
     if throughput and job.work_samples:
