@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from metrics_collector.history import (
@@ -450,3 +452,59 @@ def test_throughput_only_from_stable_intervals(
     (job,) = history.jobs
     assert [(m.replicas, m.samples_per_s) for m in job.throughput] == expected
     assert job.work_samples == pytest.approx(work)
+
+
+@given(
+    segments=st.lists(
+        st.tuples(st.integers(1, 4), st.integers(2, 6), st.floats(1.0, 1000.0)),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_throughput_is_each_sizes_pods_times_their_rate(
+    segments: list[tuple[int, int, float]],
+) -> None:
+    # Segments of (pods, grid intervals, samples/s per pod), each a fresh membership whose
+    # counters start at 0, one missing grid point (the restart) between two.
+    step = 10.0
+    counters: dict[str, list[tuple[float, float]]] = {f"p{i}": [] for i in range(4)}
+    sizes: dict[str, list[tuple[float, float]]] = {f"p{i}": [] for i in range(4)}
+    t = 0.0
+    for pods, intervals, per_s in segments:
+        for k in range(intervals + 1):
+            for i in range(pods):
+                counters[f"p{i}"].append((t + k * step, per_s * k * step))
+                sizes[f"p{i}"].append((t + k * step, float(pods)))
+        t += (intervals + 2) * step
+    end = t
+    kube = [
+        RangeSeries(
+            {"namespace": "ns", "pod": f"p{i}"}, [(x * step, 1.0) for x in range(int(end / step))]
+        )
+        for i in range(4)
+    ]
+    labels = [RangeSeries({**s.labels, "label_volcano_sh_job_name": "j"}, s.points) for s in kube]
+    worker = {"namespace": "ns", "volcano_job": "j"}
+    querier = CannedQuerier(
+        {
+            "kube_pod_container_resource_requests": kube,
+            "kube_pod_status_phase": kube,
+            "kube_pod_created": [RangeSeries(s.labels, [(0.0, 0.0)]) for s in kube],
+            "kube_pod_labels": labels,
+            "tide_worker_samples_total": [
+                RangeSeries({**worker, "pod": p}, v) for p, v in counters.items() if v
+            ],
+            "tide_worker_world_size": [
+                RangeSeries({**worker, "pod": p}, v) for p, v in sizes.items() if v
+            ],
+        }
+    )
+    (job,) = export_history(querier=querier, start_s=0.0, end_s=end, step_s=step).jobs
+    expected: dict[int, tuple[float, float]] = {}
+    for pods, intervals, per_s in segments:
+        samples, seconds = expected.get(pods, (0.0, 0.0))
+        expected[pods] = (samples + pods * per_s * intervals * step, seconds + intervals * step)
+    assert {m.replicas: m.samples_per_s for m in job.throughput} == pytest.approx(
+        {n: samples / seconds for n, (samples, seconds) in expected.items()}
+    )
+    assert job.work_samples == pytest.approx(sum(s for s, _ in expected.values()))
