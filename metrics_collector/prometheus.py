@@ -112,6 +112,7 @@ class PrometheusQuerier:
             session=session,
         )
         self.deadline = math.inf  # monotonic; set per sample
+        self.unavailable: str | None = None  # why no query can go out this round, if so
 
     def close(self) -> None:
         self._client.close()
@@ -131,6 +132,8 @@ class PrometheusQuerier:
 
     def _call(self, what: str, request: Any) -> list[dict[str, Any]]:
         """Run ``request(timeout)`` with retries; what it returns is the result list."""
+        if self.unavailable is not None:
+            raise QueryUnavailable(self.unavailable)
         attempts = self.connection.attempts
         wait_s = self.connection.backoff_s
         last = "no attempt made"
@@ -226,14 +229,15 @@ class PrometheusSource:
         self._querier.deadline = (
             time.monotonic() + self.connection.budget_fraction * self.interval_s
         )
+        self._querier.unavailable = None
         try:
             self._querier.refresh_headers()
         except QueryUnavailable as e:
-            logger.warning("metrics: %s", e)
-            # Let the builder report it as unreachable: every query fails the same way.
-            self._querier.deadline = -math.inf
+            # The builder reports it as unreachable: every query fails with this sentence.
+            self._querier.unavailable = str(e)
         return self._builder.sample(now_s=now_s)
 
     def close(self) -> None:
-        """Release the HTTP connections."""
+        """Stop the query threads and release the HTTP connections."""
+        self._builder.close()
         self._querier.close()

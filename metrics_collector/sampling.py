@@ -11,16 +11,19 @@ never raises out of ``sample``.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
+import operator
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from metrics_collector.promql import align_down, chunk_range, placeholder_values, render
-from metrics_collector.throughput import JobGrid, representative_points
-from scheduler_policy.policy.spec import MetricsSettings
+from metrics_collector.throughput import JobThroughput
+from scheduler_policy.policy.spec import MetricsSettings, PrometheusQueries
 from scheduler_policy.vocabulary.errors import PermanentError, TemporaryError
 from scheduler_policy.vocabulary.protocols import MetricsSample
 from scheduler_policy.vocabulary.state import DemandPoint, JobKey, QueueName, ThroughputPoint
@@ -29,6 +32,14 @@ logger = logging.getLogger(__name__)
 
 MILLI = 1000.0
 """Volcano's scalar resources are milli-units: 1 GPU reads 1000."""
+
+_TIME = operator.attrgetter("time_s")
+
+_RANGE_QUERIES = frozenset({"job_throughput", "job_world_size", "queue_nonelastic_demand"})
+
+DEMAND_FILL_S = 86400.0
+"""Demand history read per round while the lookback fills, newest day first: a week at the
+interval's step is one heavy query over every pod, too slow for one round on a large cluster."""
 
 STALE_INTERVALS = 2.0
 """A series whose newest sample is older than this many decision intervals is stale."""
@@ -156,34 +167,98 @@ class _Round:
 class SampleBuilder:
     """Builds a ``MetricsSample`` from one query per figure, keeping history across rounds.
 
+    Every query of a round goes out at its start, ``parallel`` at a time: a round's time is then
+    about its slowest query's rather than the sum of all of them.
+
     Args:
-        querier: where queries go.
+        querier: where queries go (called from ``parallel`` threads at once).
         settings: the policy's metrics settings (templates, windows, lookbacks).
         interval_s: the decision interval: sets the staleness limit and the history's step.
+        parallel: queries in flight at once.
+
+    Raises:
+        ValueError: ``interval_s`` or ``parallel`` is out of range, or a template names an
+            unknown placeholder (the message names the query).
     """
 
-    def __init__(self, querier: Querier, *, settings: MetricsSettings, interval_s: float) -> None:
+    def __init__(
+        self, querier: Querier, *, settings: MetricsSettings, interval_s: float, parallel: int = 4
+    ) -> None:
         if not math.isfinite(interval_s) or interval_s <= 0:
             raise ValueError(f"interval_s: must be a positive number of seconds, got {interval_s}")
+        if parallel < 1:
+            raise ValueError(f"parallel: must be at least 1, got {parallel}")
         self.querier = querier
         self.settings = settings
         self.interval_s = interval_s
         # Range queries round their times to whole seconds: keep the grid on whole seconds.
         self.step_s = float(max(1, round(interval_s)))
         self._values = placeholder_values(settings)
-        self._grids: dict[JobKey, JobGrid] = {}
+        self._queries = {
+            name: render(getattr(settings.queries, name), self._values, name=name)
+            for name in PrometheusQueries.__dataclass_fields__
+        }
+        self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="tide-promql")
+        self._instants: dict[str, Future[list[InstantSeries]]] = {}
+        self._ranges: dict[str, Future[list[RangeSeries]]] = {}
+        self._trackers: dict[JobKey, JobThroughput] = {}
         self._last_seen_s: dict[JobKey, float] = {}
         self._grid_end_s: float | None = None
         self._grid_start_s = -math.inf  # the oldest time the grid holds now
-        self._demand: dict[QueueName, dict[float, float]] = {}
+        self._demand: dict[QueueName, list[DemandPoint]] = {}
         self._demand_end_s: float | None = None
+        self._demand_from_s: float | None = None  # the oldest time the history was read from
         self.last_report = SampleReport()
 
-    def _query(self, name: str) -> str:
-        return render(getattr(self.settings.queries, name), self._values, name=name)
+    def close(self) -> None:
+        """Stop the query threads."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _instant(self, name: str, now_s: float) -> list[InstantSeries]:
-        return self.querier.instant(self._query(name), time_s=now_s)
+        future = self._instants.pop(name, None)
+        if future is None:
+            return self.querier.instant(self._queries[name], time_s=now_s)
+        return future.result()
+
+    def _send(self, now_s: float) -> None:
+        """Send every query of the round at ``now_s``; their answers are read as needed."""
+        self._instants = {
+            name: self._pool.submit(self.querier.instant, query, time_s=now_s)
+            for name, query in self._queries.items()
+            if name not in _RANGE_QUERIES
+        }
+        grid_start, grid_end, _ = self._grid_window(now_s)
+        (new_start, new_end), (fill_start, fill_end) = self._demand_windows(now_s)
+        windows = {
+            "job_throughput": (grid_start, grid_end),
+            "job_world_size": (grid_start, grid_end),
+            "queue_nonelastic_demand": (new_start, new_end),
+            "queue_nonelastic_demand fill": (fill_start, fill_end),
+        }
+        self._ranges = {
+            name: self._pool.submit(self._range_now, name, start, end)
+            for name, (start, end) in windows.items()
+            if start <= end
+        }
+
+    def _grid_window(self, now_s: float) -> tuple[float, float, float]:
+        """(start, end, oldest) of the throughput grid's fetch this round."""
+        end = align_down(now_s, self.step_s)
+        oldest = align_down(now_s - self.settings.lookback_s, self.step_s)
+        if self._grid_end_s is None:
+            return oldest, end, oldest
+        return max(oldest, self._grid_end_s + self.step_s), end, oldest
+
+    def _demand_windows(self, now_s: float) -> tuple[tuple[float, float], tuple[float, float]]:
+        """The demand history's two fetches this round: the points since the last round, and
+        a day further back while the lookback is not yet filled (either may be empty)."""
+        end = align_down(now_s, self.step_s)
+        oldest = align_down(now_s - self.settings.demand_lookback_s, self.step_s)
+        if self._demand_stale(end) or self._demand_end_s is None or self._demand_from_s is None:
+            return (max(oldest, end - DEMAND_FILL_S + self.step_s), end), (1.0, 0.0)
+        new = (self._demand_end_s + self.step_s, end)
+        fill = (max(oldest, self._demand_from_s - DEMAND_FILL_S), self._demand_from_s - self.step_s)
+        return new, fill
 
     def sample(self, *, now_s: float) -> MetricsSample:
         """See ``MetricsSource.sample``; never raises for Prometheus trouble."""
@@ -195,6 +270,7 @@ class SampleBuilder:
         remaining: dict[JobKey, float] = {}
         reachable = True
         try:
+            self._send(now_s)
             free_gpus = self._cluster(work)
             queues = self._queues(work)
             histories, remaining = self._jobs(work)
@@ -225,11 +301,7 @@ class SampleBuilder:
             job_throughput=histories,
             job_remaining_samples=remaining,
             queue_allocated_gpus=allocated,
-            queue_demand_history={
-                q: tuple(DemandPoint(t, g) for t, g in sorted(points.items()))
-                for q, points in self._demand.items()
-                if points
-            },
+            queue_demand_history={q: tuple(points) for q, points in self._demand.items()},
         )
 
     # ------------------------------------------------------------------ cluster and queues
@@ -333,10 +405,11 @@ class SampleBuilder:
         for job in [j for j, seen in self._last_seen_s.items() if seen < oldest]:
             del self._last_seen_s[job]
         histories: dict[JobKey, tuple[ThroughputPoint, ...]] = {}
-        for job in sorted(set(self._grids) | set(self._last_seen_s)):
-            grid = self._grids.get(job, JobGrid())
-            histories[job] = self._history(grid)
-            self._check_job(work, job, grid, newest, refused)
+        nothing = JobThroughput(rate_window_s=self.settings.rate_window_s)
+        for job in sorted(set(self._trackers) | set(self._last_seen_s)):
+            tracker = self._trackers.get(job, nothing)
+            histories[job] = tracker.points(oldest_s=oldest)
+            self._check_job(work, job, tracker, newest, refused)
         remaining = {
             job: max(0.0, planned[job] - consumed[job])
             for job in planned
@@ -348,7 +421,7 @@ class SampleBuilder:
         self,
         work: _Round,
         job: JobKey,
-        grid: JobGrid,
+        tracker: JobThroughput,
         newest: Mapping[JobKey, float] | None,
         refused: str | None,
     ) -> None:
@@ -361,103 +434,136 @@ class SampleBuilder:
             return
         if job not in newest:
             seen = self._last_seen_s.get(job)
-            rated = max(grid.rates, default=None)
             age = ""
             if seen is not None:
                 age = f"; newest sample {work.now_s - seen:.0f} s old"
-            elif rated is not None:
-                age = f"; newest rate {work.now_s - rated:.0f} s old"
+            elif tracker.newest_rate_s is not None:
+                age = f"; newest rate {work.now_s - tracker.newest_rate_s:.0f} s old"
             work.job_problem(job, f"throughput of {job}: no samples{age}")
             return
         problem = work.age_problem(f"throughput of {job}", newest[job])
         if problem is not None:
             work.job_problem(job, problem)
             return
-        last_t = self._grid_end_s
-        rate = grid.rates.get(last_t, math.nan) if last_t is not None else math.nan
-        if not math.isfinite(rate):
-            work.job_problem(
-                job, f"throughput of {job}: {'NaN' if last_t in grid.rates else 'no rate'} now"
-            )
+        current = tracker.newest_s == self._grid_end_s
+        if not current or not math.isfinite(tracker.newest_rate):
+            state = "NaN" if current and math.isnan(tracker.newest_rate) else "no rate"
+            work.job_problem(job, f"throughput of {job}: {state} now")
             return
-        size = grid.sizes.get(last_t, math.nan) if last_t is not None else math.nan
-        if not math.isfinite(size):
+        if not math.isfinite(tracker.newest_size):
             work.job_problem(job, f"world size of {job}: no samples now")
 
     def _read_grids(self, work: _Round) -> str | None:
-        """Fetch the throughput and world-size grid since the last round; a refusal's sentence."""
-        end = align_down(work.now_s, self.step_s)
-        oldest = align_down(work.now_s - self.settings.lookback_s, self.step_s)
-        # Refetch the last point of the round before: it may have been computed before its
-        # samples were all scraped.
-        start = oldest if self._grid_end_s is None else max(oldest, self._grid_end_s)
-        try:
-            rates = self._range("job_throughput", start, end)
-            sizes = self._range("job_world_size", start, end)
-        except QueryRefused as e:
-            return f"query refused: {e}"
-        by_job: dict[JobKey, tuple[dict[float, float], dict[float, float]]] = {}
-        for kind, result in ((0, rates), (1, sizes)):
-            for series in result:
-                job = job_key(series.labels)
-                if job is not None:
-                    by_job.setdefault(job, ({}, {}))[kind].update(series.points)
-        for job, (job_rates, job_sizes) in by_job.items():
-            self._grids.setdefault(job, JobGrid()).merge(rates=job_rates, sizes=job_sizes)
-        if self._grid_end_s is not None:  # a point of the refetched round that is gone now
-            for job, grid in self._grids.items():
-                if job not in by_job:
-                    grid.rates.pop(self._grid_end_s, None)
-                    grid.sizes.pop(self._grid_end_s, None)
-        for job in list(self._grids):
-            self._grids[job].trim(oldest)
-            if not self._grids[job]:
-                del self._grids[job]
-        self._grid_end_s = end
-        self._grid_start_s = oldest
+        """Feed the throughput and world-size points since the last round to each job's
+        tracker; a refused query's sentence, or None."""
+        start, end, oldest = self._grid_window(work.now_s)
+        if self._grid_end_s is None:
+            self._grid_start_s = oldest
+        if start <= end:
+            try:
+                rates = self._range("job_throughput", start, end)
+                sizes = self._range("job_world_size", start, end)
+            except QueryRefused as e:
+                return f"query refused: {e}"
+            by_job: dict[JobKey, tuple[dict[float, float], dict[float, float]]] = {}
+            for kind, result in ((0, rates), (1, sizes)):
+                for series in result:
+                    job = job_key(series.labels)
+                    if job is not None:
+                        by_job.setdefault(job, ({}, {}))[kind].update(series.points)
+            for job, (job_rates, job_sizes) in by_job.items():
+                tracker = self._trackers.get(job)
+                if tracker is None:
+                    tracker = self._trackers[job] = JobThroughput(
+                        rate_window_s=self.settings.rate_window_s,
+                        # A job whose first point comes after the grid's first began within it.
+                        grid_start_s=self._grid_start_s + self.step_s,
+                    )
+                for t in sorted(job_rates.keys() | job_sizes.keys()):
+                    tracker.add(t, job_sizes.get(t, math.nan), job_rates.get(t, math.nan))
+            self._grid_end_s = end
+        for job in list(self._trackers):
+            tracker = self._trackers[job]
+            tracker.forget_before(oldest)
+            if tracker.newest_s < oldest:
+                del self._trackers[job]
         return None
 
     def _range(self, name: str, start_s: float, end_s: float) -> list[RangeSeries]:
-        query = self._query(name)
+        future = self._ranges.pop(name, None)
+        if future is None:
+            return self._range_now(name, start_s, end_s)
+        return future.result()
+
+    def _range_now(self, name: str, start_s: float, end_s: float) -> list[RangeSeries]:
+        query = self._queries[name.removesuffix(" fill")]
         result: list[RangeSeries] = []
         for first, last in chunk_range(start_s, end_s, self.step_s):
             result.extend(self.querier.range(query, start_s=first, end_s=last, step_s=self.step_s))
         return result
 
-    def _history(self, grid: JobGrid) -> tuple[ThroughputPoint, ...]:
-        return representative_points(
-            ((t, grid.sizes.get(t, math.nan), r) for t, r in grid.rates.items()),
-            rate_window_s=self.settings.rate_window_s,
-            # A job whose first point comes after the grid's first began within the lookback.
-            grid_start_s=self._grid_start_s + self.step_s,
-        )
-
     def _cached_histories(self) -> dict[JobKey, tuple[ThroughputPoint, ...]]:
-        return {job: self._history(grid) for job, grid in sorted(self._grids.items())}
+        return {job: tracker.points() for job, tracker in sorted(self._trackers.items())}
 
     # ------------------------------------------------------------------ demand
 
+    def _demand_stale(self, end_s: float) -> bool:
+        """Whether the rounds stopped for longer than a fill: then the history starts over."""
+        return self._demand_end_s is not None and end_s - self._demand_end_s > DEMAND_FILL_S
+
     def _read_demand(self, work: _Round) -> None:
-        """Each queue's non-elastic demand since the last round, over the demand lookback."""
-        end = align_down(work.now_s, self.step_s)
+        """Each queue's non-elastic demand since the last round, and further back while the
+        lookback fills.
+
+        Points are appended (or, filling, prepended) in time order and trimmed from the front,
+        so a round costs its new points and one copy of each queue's list into the sample, not
+        the lookback. Trouble here costs the forecast some history, never the round its
+        freshness: the next round asks again.
+        """
+        (new_start, new_end), (fill_start, fill_end) = self._demand_windows(work.now_s)
         oldest = align_down(work.now_s - self.settings.demand_lookback_s, self.step_s)
-        start = oldest if self._demand_end_s is None else max(oldest, self._demand_end_s)
-        try:
-            result = self._range("queue_nonelastic_demand", start, end)
-        except QueryRefused as e:
-            # The forecast keeps the history it has; no reason to hold every job.
-            work.problems.append(f"queue demand history: query refused: {e}")
-            work.stale_series += 1
-            return
-        for series in result:
-            queue = series.labels.get("queue_name", "")
-            if queue:
-                points = self._demand.setdefault(QueueName(queue), {})
-                points.update((t, g) for t, g in series.points if math.isfinite(g))
+        if self._demand_stale(new_end):
+            self._demand.clear()
+            self._demand_end_s = self._demand_from_s = None
+        for name, start, end in (
+            ("queue_nonelastic_demand", new_start, new_end),
+            ("queue_nonelastic_demand fill", fill_start, fill_end),
+        ):
+            if start > end:
+                continue
+            try:
+                result = self._range(name, start, end)
+            except (QueryRefused, QueryUnavailable) as e:
+                work.problems.append(f"queue demand history: {e}")
+                work.stale_series += 1
+                continue
+            filling = name.endswith(" fill")
+            read: dict[QueueName, list[DemandPoint]] = {}
+            for series in result:  # a queue's series comes once per chunk
+                queue = series.labels.get("queue_name", "")
+                if queue:
+                    read.setdefault(QueueName(queue), []).extend(
+                        DemandPoint(t, g) for t, g in series.points if math.isfinite(g)
+                    )
+            for queue, new_points in read.items():
+                new_points.sort(key=_TIME)
+                points = self._demand.setdefault(queue, [])
+                if filling:
+                    points[:0] = new_points
+                else:
+                    points.extend(new_points)
+            if filling:
+                self._demand_from_s = start
+            else:
+                if self._demand_end_s is None:
+                    self._demand_from_s = start
+                self._demand_end_s = end
+        if self._demand_from_s is not None:
+            self._demand_from_s = max(oldest, self._demand_from_s)
         for queue in list(self._demand):
             points = self._demand[queue]
-            for t in [t for t in points if t < oldest]:
-                del points[t]
+            cut = bisect.bisect_left(points, oldest, key=_TIME)
+            if cut:
+                del points[:cut]
             if not points:
                 del self._demand[queue]
-        self._demand_end_s = end

@@ -1,14 +1,18 @@
 """A job's throughput history: from a grid of (time, world size, rate) to one point per size.
 
 The scaling model fits throughput against replicas; what it needs from Prometheus is, for each
-world size the job has run at, one recent and representative measurement. Pure: no network.
+world size the job has run at, one recent and representative measurement. ``JobThroughput``
+takes the grid points in time order, one round's worth at a time, and keeps only what the answer
+needs (each size's latest settled rates), so a round costs the new points, not the lookback.
+Pure: no network.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from scheduler_policy.vocabulary.state import ThroughputPoint
@@ -18,30 +22,86 @@ RECENT_POINTS = 10
 
 
 @dataclass(slots=True)
-class JobGrid:
-    """One job's range-query points on the source's grid, within the lookback.
+class JobThroughput:
+    """One job's settled throughput per world size, fed grid points in time order.
+
+    A rate at time t averages the window [t - rate_window_s, t]. Right after the world size
+    changed, that window mixes two sizes (and the restart between them), and right after a job's
+    series began it reaches back before the first sample: such points are not settled. Each
+    size's point is the median of its latest ``RECENT_POINTS`` settled rates, stamped with the
+    newest one's time.
 
     Attributes:
-        rates: samples per second at each grid time.
-        sizes: world size at each grid time.
+        rate_window_s: the window of the rates.
+        grid_start_s: the first time the grid was read at: a job whose first point is later
+            began within it, and its first window is not settled either.
+        newest_s: the time of the newest point fed, usable or not.
+        newest_rate: the rate at ``newest_s`` (NaN when it had none or it was NaN).
+        newest_size: the world size at ``newest_s`` (NaN when it had none).
+        newest_rate_s: the time of the newest finite rate fed.
     """
 
-    rates: dict[float, float] = field(default_factory=dict)
-    sizes: dict[float, float] = field(default_factory=dict)
+    rate_window_s: float
+    grid_start_s: float = math.inf
+    newest_s: float = -math.inf
+    newest_rate: float = math.nan
+    newest_size: float = math.nan
+    newest_rate_s: float | None = None
+    _previous: int | None = None
+    _size_since: float = -math.inf
+    _settled: dict[int, deque[tuple[float, float]]] = field(default_factory=dict)
 
-    def merge(self, *, rates: Mapping[float, float], sizes: Mapping[float, float]) -> None:
-        """Add (or overwrite) points fetched in a later round."""
-        self.rates.update(rates)
-        self.sizes.update(sizes)
+    def add(self, time_s: float, size: float, rate: float) -> None:
+        """Take one grid point; points must come in increasing time.
 
-    def trim(self, oldest_s: float) -> None:
-        """Forget points older than ``oldest_s``."""
-        for grid in (self.rates, self.sizes):
-            for t in [t for t in grid if t < oldest_s]:
-                del grid[t]
+        Points with a size below 1, a rate that is not positive, or either not finite, count
+        for ``newest_*`` only.
 
-    def __bool__(self) -> bool:
-        return bool(self.rates or self.sizes)
+        Raises:
+            ValueError: ``time_s`` is not after the newest point fed.
+        """
+        if time_s <= self.newest_s:
+            raise ValueError(
+                f"time_s: points must come in order, got {time_s} after {self.newest_s}"
+            )
+        self.newest_s, self.newest_rate, self.newest_size = time_s, rate, size
+        if math.isfinite(rate):
+            self.newest_rate_s = time_s
+        if not (math.isfinite(size) and size >= 1 and math.isfinite(rate) and rate > 0):
+            return
+        whole = round(size)
+        if self._previous is None:
+            if time_s > self.grid_start_s:
+                self._size_since = time_s
+        elif whole != self._previous:
+            self._size_since = time_s
+        self._previous = whole
+        if time_s - self._size_since >= self.rate_window_s:
+            taken = self._settled.get(whole)
+            if taken is None:
+                taken = self._settled[whole] = deque(maxlen=RECENT_POINTS)
+            taken.append((time_s, rate))
+
+    def points(self, *, oldest_s: float = -math.inf) -> tuple[ThroughputPoint, ...]:
+        """One point per size with settled rates at or after ``oldest_s``, oldest first."""
+        result = []
+        for size, taken in self._settled.items():
+            kept = [(t, r) for t, r in taken if t >= oldest_s]
+            if kept:
+                median = statistics.median(r for _, r in kept)
+                result.append(ThroughputPoint(time_s=kept[-1][0], replicas=size,
+                                              samples_per_s=median))  # fmt: skip
+        result.sort(key=lambda p: p.time_s)
+        return tuple(result)
+
+    def forget_before(self, oldest_s: float) -> None:
+        """Drop the sizes with no settled rate at or after ``oldest_s``."""
+        for size in [s for s, taken in self._settled.items() if taken[-1][0] < oldest_s]:
+            del self._settled[size]
+
+    @property
+    def empty(self) -> bool:
+        return not self._settled and self.newest_rate_s is None
 
 
 def representative_points(
@@ -50,49 +110,17 @@ def representative_points(
     rate_window_s: float,
     grid_start_s: float = math.inf,
 ) -> tuple[ThroughputPoint, ...]:
-    """One throughput point per world size the job ran at, oldest first.
-
-    A rate at time t averages the window [t - rate_window_s, t]; right after the world size
-    changed, that window mixes two sizes (and the restart between them), and right after a
-    job's series began it reaches back before the first sample, so such points are left out.
-    Of the rest, each size's point is the median rate of its latest
-    ``RECENT_POINTS``, stamped with the newest one's time.
+    """One throughput point per world size the job ran at, oldest first (see ``JobThroughput``).
 
     Args:
-        points: ``(time_s, world_size, samples_per_s)`` in any order; points with a size below
-            1, a rate that is not positive, or either not finite are left out.
+        points: ``(time_s, world_size, samples_per_s)`` in any order.
         rate_window_s: the window of the rates.
-        grid_start_s: the first time the grid was read at: a job whose first point is later
-            began within it, and its first window is not settled either (by default every
-            job ran before the grid began).
+        grid_start_s: the first time the grid was read at (by default every job ran before it).
 
     Returns:
         The points, sorted by time; empty when no size has a settled point.
     """
-    usable = sorted(
-        (t, round(size), rate)
-        for t, size, rate in points
-        if math.isfinite(size) and size >= 1 and math.isfinite(rate) and rate > 0
-    )
-    settled: dict[int, list[tuple[float, float]]] = {}
-    # The first grid point of the current size; unknown when the job ran before the grid began.
-    size_since = -math.inf
-    if usable and usable[0][0] > grid_start_s:
-        size_since = usable[0][0]
-    previous: int | None = None
-    for t, size, rate in usable:
-        if previous is not None and size != previous:
-            size_since = t
-        previous = size
-        if t - size_since >= rate_window_s:
-            settled.setdefault(size, []).append((t, rate))
-    result = [
-        ThroughputPoint(
-            time_s=taken[-1][0],
-            replicas=size,
-            samples_per_s=statistics.median(rate for _, rate in taken[-RECENT_POINTS:]),
-        )
-        for size, taken in settled.items()
-    ]
-    result.sort(key=lambda p: p.time_s)
-    return tuple(result)
+    tracker = JobThroughput(rate_window_s=rate_window_s, grid_start_s=grid_start_s)
+    for t, size, rate in sorted(points, key=lambda p: p[0]):
+        tracker.add(t, size, rate)
+    return tracker.points()

@@ -26,6 +26,7 @@ class _FittedCurve:
     sizes: frozenset[int]
     fitted_at_s: float
     curve: JobCurve
+    relative_error: float  # the fit's mean |X̂ − X| / X over its points (ScalingModel)
 
 
 @dataclass(slots=True)
@@ -36,6 +37,24 @@ class _FittedForecast:
     forecaster: DemandForecaster | None  # None: the fit failed; no headroom until the next
 
 
+@dataclass(frozen=True, slots=True)
+class ModelAccuracy:
+    """How well the cached models fit, for the engine's own metrics.
+
+    Attributes:
+        scaling_relative_error: per fitted job, its scaling model's mean relative error over
+            the points it was fitted to (``ScalingModel.relative_error_``).
+        forecast_coverage: per queue whose forecaster was scored on held-out history, the
+            fraction of held-out peaks at or below the forecast (``DemandForecaster.coverage_``;
+            only with ``ModelCache.forecast_holdout``).
+        forecast_gpus: per queue, the latest forecast peak demand.
+    """
+
+    scaling_relative_error: dict[JobKey, float]
+    forecast_coverage: dict[QueueName, float]
+    forecast_gpus: dict[QueueName, float]
+
+
 @dataclass(slots=True)
 class ModelCache:
     """Per-job scaling curves and per-queue forecasters, with counts of how often each was fitted.
@@ -44,14 +63,18 @@ class ModelCache:
         refit_s: least time between two refits when nothing new was measured.
         curve_fits: scaling-model fits done so far.
         forecast_fits: forecaster fits done so far.
+        forecast_holdout: also score each forecaster on its history's last day (a second fit)
+            so that ``accuracy`` reports its coverage.
     """
 
     refit_s: float = 600.0
     curve_fits: int = 0
     forecast_fits: int = 0
+    forecast_holdout: bool = False
     _curves: dict[JobKey, _FittedCurve] = field(default_factory=dict)
     _forecasts: dict[QueueName, _FittedForecast] = field(default_factory=dict)
     _prior: JobCurve | None = None
+    _last_forecast: dict[QueueName, float] = field(default_factory=dict)
 
     def prior_curve(self) -> JobCurve:
         """The curve assumed for a job that has not been measured yet (λ = 1: shape only)."""
@@ -96,7 +119,7 @@ class ModelCache:
             measured=True,
             sizes=len({p.replicas for p in points}),
         )
-        self._curves[job.key] = _FittedCurve(sizes, now_s, curve)
+        self._curves[job.key] = _FittedCurve(sizes, now_s, curve, float(model.relative_error_))
         return curve
 
     def forecast_gpus(self, queue: QueueState, headroom: Headroom, *, now_s: float) -> float:
@@ -122,12 +145,13 @@ class ModelCache:
         ):
             forecaster: DemandForecaster | None
             try:
-                # The engine reads the forecast only: no held-out score (a second fit).
+                # The engine reads the forecast only: no held-out score (a second fit)
+                # unless asked for.
                 forecaster = DemandForecaster.from_points(
                     queue.demand_history,
                     quantile=quantile,
                     horizon_s=headroom.horizon_s,
-                    holdout=False,
+                    holdout=self.forecast_holdout,
                 )
             except (ModelFitError, ValueError) as e:
                 # Remembered like a fit, so the next try (and warning) waits for the refit time.
@@ -140,8 +164,23 @@ class ModelCache:
             cached = _FittedForecast(now_s, quantile, headroom.horizon_s, forecaster)
             self._forecasts[queue.name] = cached
         if cached.forecaster is None:
+            self._last_forecast[queue.name] = 0.0
             return 0.0
-        return max(0.0, float(cached.forecaster.forecast_at(now_s)))
+        gpus = max(0.0, float(cached.forecaster.forecast_at(now_s)))
+        self._last_forecast[queue.name] = gpus
+        return gpus
+
+    def accuracy(self) -> ModelAccuracy:
+        """The cached models' own accuracy and the latest forecasts (no fit is done)."""
+        coverage = {}
+        for name, fitted in self._forecasts.items():
+            if fitted.forecaster is not None and fitted.forecaster.coverage_ is not None:
+                coverage[name] = float(fitted.forecaster.coverage_)
+        return ModelAccuracy(
+            scaling_relative_error={k: c.relative_error for k, c in self._curves.items()},
+            forecast_coverage=coverage,
+            forecast_gpus=dict(self._last_forecast),
+        )
 
     def forget(self, keep: set[JobKey]) -> None:
         """Drop the curves of jobs that no longer exist."""

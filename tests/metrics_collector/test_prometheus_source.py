@@ -278,10 +278,13 @@ def test_a_refused_query_is_a_problem_not_an_exception(
     assert any(p.startswith(problem) for p in prom.last_report.problems), prom.last_report.problems
 
 
-def test_a_long_demand_range_is_read_in_chunks(prometheus_factory: PrometheusFactory) -> None:
-    """Two days at a 15 s step are 11,521 points: over Prometheus's limit for one query."""
+def test_demand_history_fills_a_day_per_round_in_chunks(
+    prometheus_factory: PrometheusFactory,
+) -> None:
+    """Two days at a 5 s step: each round reads one more day, 17,280 points, over Prometheus's
+    limit of 11,000 for one query; the rounds together hold every point once, in order."""
     now = time.time()
-    at = times(now - 2 * 86400, now - 5, every_s=300)
+    at = [*times(now - 2 * 86400 - 600, now - 60, every_s=60), now - 2]  # fresh at a 5 s interval
     series = [ksm_node("node-0", 8, at)]
     series += ksm_pod("prod", "p", gpus=2, phase="Running", node="node-0", queue="production",
                       elastic=False, at=at)  # fmt: skip
@@ -290,13 +293,19 @@ def test_a_long_demand_range_is_read_in_chunks(prometheus_factory: PrometheusFac
     prom = PrometheusSource(
         connection=PrometheusConnection(url=server.url),
         settings=replace(SETTINGS, demand_lookback_s=2 * 86400.0),
-        interval_s=15.0,
+        interval_s=5.0,
     )
-    sample = prom.sample(now_s=now)
-    history = sample.queue_demand_history[QueueName("production")]
+    lengths = []
+    for _ in range(4):
+        sample = prom.sample(now_s=now)
+        assert sample.fresh, prom.last_report.problems
+        history = sample.queue_demand_history[QueueName("production")]
+        lengths.append(len(history))
     times_s = [p.time_s for p in history]
-    assert len(times_s) > 11_000
+    # The lookback's both ends count: two days are 2 * 17,280 + 1 points.
+    assert lengths == [17_280, 2 * 17_280, 2 * 17_280 + 1, 2 * 17_280 + 1]
     assert times_s == sorted(set(times_s))
+    assert times_s[-1] - times_s[0] == 2 * 86400
     assert {p.gpus for p in history} == {2.0}
 
 
