@@ -46,12 +46,14 @@ __all__ = [
     "DEFAULT_TASK",
     "GPU_RESOURCE",
     "KIND",
+    "TaskRead",
     "UnreadJob",
     "VolcanoJob",
-    "find_task",
+    "missing_task_problem",
     "pod_gpus",
     "read_job",
     "read_jobs",
+    "read_tasks",
     "replica_patch",
 ]
 
@@ -93,12 +95,35 @@ class VolcanoJob:
         resource_version: ``metadata.resourceVersion``; None when absent (a manifest).
         has_annotations: whether ``metadata.annotations`` exists (a patch must create it first
             when it does not).
+        tasks: every task of ``spec.tasks`` that is a mapping, as read.
     """
 
     state: JobState
     task_index: int | None
     resource_version: str | None = None
     has_annotations: bool = True
+    tasks: tuple[TaskRead, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRead:
+    """One task of a Volcano Job, as read.
+
+    Attributes:
+        index: its index in ``spec.tasks``.
+        name: its name.
+        replicas: its ``replicas``; None when invalid (a problem says so).
+        min_available: its ``minAvailable``; None when unset or invalid.
+        gpus_per_pod: GPUs each of its pods asks for (``pod_gpus``).
+        spec: the task as given (its ``policies``, for ``tide validate``).
+    """
+
+    index: int
+    name: str
+    replicas: int | None
+    min_available: int | None
+    gpus_per_pod: float
+    spec: Mapping[str, object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,14 +207,6 @@ def _list(value: object) -> list[object]:
     return value if isinstance(value, list) else []
 
 
-def find_task(tasks: object, name: str) -> tuple[int, Mapping[str, object]] | None:
-    """The first task of ``spec.tasks`` named ``name``, with its index; None when none is."""
-    for index, task in enumerate(_list(tasks)):
-        if isinstance(task, Mapping) and task.get("name") == name:
-            return index, task
-    return None
-
-
 def _count(value: object, *, path: str, problems: list[str]) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         problems.append(f"{path}: must be a non-negative integer, got {show(value)}")
@@ -198,13 +215,58 @@ def _count(value: object, *, path: str, problems: list[str]) -> int | None:
 
 
 def _annotations(metadata: Mapping[str, object], problems: list[str]) -> dict[str, str]:
+    annotations = metadata.get("annotations") or {}
+    if not isinstance(annotations, Mapping):
+        problems.append(f"metadata.annotations: must be a mapping, got {show(annotations)}")
+        return {}
     strings: dict[str, str] = {}
-    for key, value in _mapping(metadata.get("annotations")).items():
+    for key, value in annotations.items():
         if isinstance(value, str):
             strings[str(key)] = value
-        elif str(key).startswith("tide.io/"):
-            problems.append(f"{annotation_path(str(key))}: must be a string, got {show(value)}")
+        else:
+            problems.append(
+                f"{annotation_path(str(key))}: must be a string (quote it in YAML), "
+                f"got {show(value)}"
+            )
     return strings
+
+
+def read_tasks(spec: Mapping[str, object], problems: list[str]) -> list[TaskRead]:
+    """Every task of a Job's ``spec.tasks``, each problem appended to ``problems``."""
+    tasks = spec.get("tasks")
+    if not isinstance(tasks, list) or not tasks:
+        problems.append(f"spec.tasks: must be a non-empty list of tasks, got {show(tasks)}")
+        return []
+    read = []
+    for index, task in enumerate(tasks):
+        path = f"spec.tasks[{index}]"
+        if not isinstance(task, Mapping):
+            problems.append(f"{path}: must be a mapping, got {show(task)}")
+            continue
+        replicas = _count(task.get("replicas", 0), path=f"{path}.replicas", problems=problems)
+        least = task.get("minAvailable")
+        read.append(
+            TaskRead(
+                index=index,
+                name=str(task.get("name", "")),
+                replicas=replicas,
+                min_available=None
+                if least is None
+                else _count(least, path=f"{path}.minAvailable", problems=problems),
+                gpus_per_pod=pod_gpus(task.get("template"), path=f"{path}.template",
+                                      problems=problems),
+                spec=task,
+            )
+        )  # fmt: skip
+    return read
+
+
+def missing_task_problem(tasks: Iterable[TaskRead], *, name: str, named: bool) -> str:
+    """The problem of an elastic job with no task ``name`` (``named``: by ``tide.io/task``)."""
+    listing = ", ".join(repr(t.name) for t in tasks)
+    where = annotation_path(TASK) if named else "spec.tasks"
+    hint = "" if named else f" (the default; name another with {TASK})"
+    return f"{where}: no task named {name!r}{hint}; found {listing}"
 
 
 def read_job(obj: object, *, source: str = "job") -> VolcanoJob | UnreadJob:
@@ -242,39 +304,34 @@ def read_job(obj: object, *, source: str = "job") -> VolcanoJob | UnreadJob:
         elastic = overrides.elastic
     else:  # read directly, so that a bad annotation elsewhere still marks the job elastic
         elastic = annotations.get(ELASTIC) == "true"
-    task_name = (overrides.task if overrides is not None else None) or DEFAULT_TASK
-    if overrides is None and annotations.get(TASK, "").strip():
-        task_name = annotations[TASK]
+    # Read directly too, so that a bad annotation elsewhere does not hide the task.
+    named_task = bool(annotations.get(TASK, "").strip())
+    task_name = annotations[TASK] if named_task else DEFAULT_TASK
 
-    spec = _mapping(obj.get("spec"))
-    queue = spec.get("queue", DEFAULT_QUEUE)
+    spec = obj.get("spec")
+    tasks: list[TaskRead] = []
+    queue: object = DEFAULT_QUEUE
+    if isinstance(spec, Mapping):
+        queue = spec.get("queue", DEFAULT_QUEUE)
+        tasks = read_tasks(spec, problems)
+    else:
+        problems.append(f"spec: must be a mapping, got {show(spec)}")
     if not isinstance(queue, str) or not queue:
         problems.append(f"spec.queue: must be a queue name, got {show(queue)}")
         queue = ""
-    tasks = _list(spec.get("tasks"))
-    if not tasks:
-        problems.append(f"spec.tasks: must be a non-empty list, got {show(spec.get('tasks'))}")
     # In a job tide does not scale and that has no such task, every task's GPUs are held as
     # they are (``nonelastic_gpus``).
-    found = find_task(tasks, task_name)
+    found = next((t for t in tasks if t.name == task_name), None)
     if found is None and elastic and tasks:
-        names = ", ".join(repr(_mapping(t).get("name")) for t in tasks)
-        problems.append(f"spec.tasks: no task named {task_name!r} (tide.io/task); found {names}")
-
+        problems.append(missing_task_problem(tasks, name=task_name, named=named_task))
     replicas, gpus_per_replica, least = 0, 0.0, None
     nonelastic_gpus = 0.0
-    for index, task in enumerate(tasks):
-        path = f"spec.tasks[{index}]"
-        task = _mapping(task)
-        count = _count(task.get("replicas", 0), path=f"{path}.replicas", problems=problems) or 0
-        per_pod = pod_gpus(task.get("template"), path=f"{path}.template", problems=problems)
-        if found is not None and index == found[0]:
-            replicas, gpus_per_replica = count, per_pod
-            if task.get("minAvailable") is not None:
-                least = _count(task["minAvailable"], path=f"{path}.minAvailable",
-                               problems=problems)  # fmt: skip
+    for task in tasks:
+        if task is found:
+            replicas, gpus_per_replica = task.replicas or 0, task.gpus_per_pod
+            least = task.min_available
         else:
-            nonelastic_gpus += count * per_pod
+            nonelastic_gpus += (task.replicas or 0) * task.gpus_per_pod
 
     min_replicas = replicas if least is None else least
     restart_cost_s = None
@@ -317,9 +374,10 @@ def read_job(obj: object, *, source: str = "job") -> VolcanoJob | UnreadJob:
     )
     return VolcanoJob(
         state=job,
-        task_index=None if found is None else found[0],
+        task_index=None if found is None else found.index,
         resource_version=resource_version if isinstance(resource_version, str) else None,
         has_annotations=isinstance(metadata.get("annotations"), Mapping),
+        tasks=tuple(tasks),
     )
 
 
