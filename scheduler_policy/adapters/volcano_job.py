@@ -24,6 +24,7 @@ returned as ``UnreadJob``. Nothing here raises out of a list of jobs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -34,7 +35,13 @@ from scheduler_policy.adapters.memory_codec import (
     encode_memory,
     memory_from_annotations,
 )
-from scheduler_policy.policy.annotations import ELASTIC, TASK, annotation_path, job_overrides
+from scheduler_policy.policy.annotations import (
+    ELASTIC,
+    MAX_REPLICAS,
+    TASK,
+    annotation_path,
+    job_overrides,
+)
 from scheduler_policy.policy.fields import show
 from scheduler_policy.vocabulary.errors import PolicyError
 from scheduler_policy.vocabulary.protocols import ReplicaChange
@@ -49,6 +56,7 @@ __all__ = [
     "TaskRead",
     "UnreadJob",
     "VolcanoJob",
+    "annotated_job",
     "missing_task_problem",
     "pod_gpus",
     "read_job",
@@ -269,6 +277,47 @@ def missing_task_problem(tasks: Iterable[TaskRead], *, name: str, named: bool) -
     return f"{where}: no task named {name!r}{hint}; found {listing}"
 
 
+def annotated_job(job: JobState, annotations: Mapping[str, str], *, source: str) -> JobState:
+    """``job`` with what its annotations say: the ``tide.io/*`` overrides and tide's memory.
+
+    The one place a job's annotations are applied, for the Volcano Jobs read here and the jobs
+    of an observation file alike.
+
+    Args:
+        job: the job as its other fields say.
+        annotations: its ``metadata.annotations`` (strings).
+        source: the job or file, named in the problems.
+
+    Returns:
+        The job with its overrides and, when ``tide.io/memory`` is there, its memory (a corrupt
+        one reads as none, with a warning). A bad override adds the problems to
+        ``read_problems`` instead (the job then holds with ``InvalidJobSpec``); a job marked
+        ``tide.io/elastic: "true"`` stays elastic, so that the hold is said. Never raises.
+    """
+    if MEMORY_ANNOTATION in annotations:
+        memory = memory_from_annotations(annotations, job=job.key)
+        job = dataclasses.replace(
+            job, last_rescale_s=memory.last_rescale_s, recommendations=memory.recommendations
+        )
+    try:
+        overrides = job_overrides(annotations, source=source)
+    except PolicyError as e:
+        marked = annotations.get(ELASTIC, "").lower() == "true"
+        return dataclasses.replace(
+            job, elastic=job.elastic or marked, read_problems=(*job.read_problems, *e.problems)
+        )
+    return dataclasses.replace(
+        job,
+        elastic=job.elastic if overrides.elastic is None else overrides.elastic,
+        task=overrides.task or job.task,
+        min_replicas=job.min_replicas if overrides.min_replicas is None else overrides.min_replicas,
+        max_replicas=job.max_replicas if overrides.max_replicas is None else overrides.max_replicas,
+        restart_cost_s=(
+            job.restart_cost_s if overrides.restart_cost_s is None else overrides.restart_cost_s
+        ),
+    )
+
+
 def read_job(obj: object, *, source: str = "job") -> VolcanoJob | UnreadJob:
     """Read one Volcano Job.
 
@@ -295,15 +344,7 @@ def read_job(obj: object, *, source: str = "job") -> VolcanoJob | UnreadJob:
             f"kind {show(obj.get('kind'))}"
         )
     annotations = _annotations(metadata, problems)
-    try:
-        overrides = job_overrides(annotations, source=key)
-    except PolicyError as e:
-        problems.extend(e.problems)
-        overrides = None
-    if overrides is not None and overrides.elastic is not None:
-        elastic = overrides.elastic
-    else:  # read directly, so that a bad annotation elsewhere still marks the job elastic
-        elastic = annotations.get(ELASTIC) == "true"
+    elastic = annotations.get(ELASTIC) == "true"  # as a bad annotation elsewhere leaves it
     # Read directly too, so that a bad annotation elsewhere does not hide the task.
     named_task = bool(annotations.get(TASK, "").strip())
     task_name = annotations[TASK] if named_task else DEFAULT_TASK
@@ -334,16 +375,6 @@ def read_job(obj: object, *, source: str = "job") -> VolcanoJob | UnreadJob:
             nonelastic_gpus += (task.replicas or 0) * task.gpus_per_pod
 
     min_replicas = replicas if least is None else least
-    restart_cost_s = None
-    if overrides is not None and overrides.min_replicas is not None:
-        min_replicas = overrides.min_replicas
-    # Without a maximum the job may not grow beyond its replicas (or its minimum, if above).
-    max_replicas = max(replicas, min_replicas)
-    if overrides is not None:
-        if overrides.max_replicas is not None:
-            max_replicas = overrides.max_replicas
-        restart_cost_s = overrides.restart_cost_s
-
     state = _mapping(_mapping(obj.get("status")).get("state"))
     phase_name = state.get("phase")
     phase = JobPhase.PENDING
@@ -354,24 +385,24 @@ def read_job(obj: object, *, source: str = "job") -> VolcanoJob | UnreadJob:
             problems.append(
                 f"status.state.phase: must be one of {', '.join(_PHASES)}, got {show(phase_name)}"
             )
-    memory = memory_from_annotations(annotations, job=key)
     resource_version = metadata.get("resourceVersion")
-    job = JobState(
+    base = JobState(
         key=key,
         queue=QueueName(queue),
         gpus_per_replica=gpus_per_replica,
         min_replicas=min_replicas,
-        max_replicas=max_replicas,
+        max_replicas=max(replicas, min_replicas),
         current_replicas=replicas,
         phase=phase,
         elastic=elastic,
-        last_rescale_s=memory.last_rescale_s,
-        restart_cost_s=restart_cost_s,
         task=task_name,
-        recommendations=memory.recommendations,
         nonelastic_gpus=nonelastic_gpus,
         read_problems=tuple(problems),
     )
+    job = annotated_job(base, annotations, source=key)
+    if MAX_REPLICAS not in annotations and job.max_replicas < job.min_replicas:
+        # Without a maximum the job may not grow beyond its replicas, or its minimum if above.
+        job = dataclasses.replace(job, max_replicas=job.min_replicas)
     return VolcanoJob(
         state=job,
         task_index=None if found is None else found.index,
