@@ -119,10 +119,47 @@ def test_a_corrupt_annotation_is_no_memory_with_a_warning(value, caplog):
     assert "ns/a" in caplog.text and MEMORY_ANNOTATION in caplog.text
 
 
-@given(st.text(max_size=200) | st.binary(max_size=100).map(lambda b: b.decode("latin-1")))
-def test_no_string_makes_decoding_raise(value):
-    decoded = decode_memory(value, job="ns/a")
+class _Warnings(logging.Handler):
+    """The codec's warnings, for a property test (caplog is per test, not per example)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def decode_watching(value: str) -> tuple[JobMemory, list[logging.LogRecord]]:
+    handler = _Warnings()
+    codec_logger = logging.getLogger("scheduler_policy.adapters.memory_codec")
+    codec_logger.addHandler(handler)
+    try:
+        return decode_memory(value, job="ns/a"), handler.records
+    finally:
+        codec_logger.removeHandler(handler)
+
+
+@given(
+    memories.map(encode_memory).map(lambda v: v[: len(v) // 2])  # cut short
+    | memories.map(encode_memory).map(lambda v: v.replace('"v":1', '"v":"1"'))  # foreign
+    | memories.map(encode_memory).map(lambda v: v.replace("recommendations", "recs"))
+)
+def test_a_corrupt_annotation_is_no_memory_and_one_warning_naming_the_job(value):
+    decoded, warnings = decode_watching(value)
+    assert decoded == JobMemory()
+    assert [r.levelno for r in warnings] == [logging.WARNING]
+    assert "ns/a" in warnings[0].getMessage()
+
+
+@given(st.text(max_size=200))
+def test_any_string_decodes_without_raising_and_warns_only_when_read_as_none(value):
+    decoded, warnings = decode_watching(value)
     assert isinstance(decoded, JobMemory)
+    if warnings:
+        assert decoded == JobMemory() and len(warnings) == 1
+    else:
+        assert decode_memory(encode_memory(decoded)) == decoded
 
 
 def test_an_absent_annotation_is_no_memory_without_a_warning(caplog):
