@@ -1,10 +1,10 @@
 """Observations written as YAML or JSON, for ``tide plan`` and for tests.
 
-The format mirrors the dataclasses in ``model`` with camelCase keys::
+The format mirrors the dataclasses in ``vocabulary.state`` with camelCase keys::
 
     time: 1700000000               # the decision time, seconds since the epoch
     clusterFreeGpus: 6
-    metricsFresh: true
+    metricsFresh: true             # false: the cluster- or queue-level figures are stale
     queues:
       - {name: research, capabilityGpus: 32, deservedGpus: 16, allocatedGpus: 10}
     jobs:
@@ -18,6 +18,9 @@ The format mirrors the dataclasses in ``model`` with camelCase keys::
         phase: Running
         elastic: true
         throughput: [{time: 1699999000, replicas: 2, samplesPerS: 190}]
+        metricsFresh: true         # false: this job's own throughput is stale (it holds)
+        staleReason: "..."         # with metricsFresh false: what was stale, for `tide plan`
+        annotations: {tide.io/max-replicas: "16"}   # tide.io/memory too, as tide stores it
 
 Every problem names the file and its path; all problems are reported at once.
 """
@@ -29,7 +32,7 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
-from scheduler_policy.policy.annotations import job_overrides
+from scheduler_policy.adapters.volcano_job import annotated_job
 from scheduler_policy.policy.fields import (
     Section,
     boolean,
@@ -61,7 +64,7 @@ _QUEUE = (
 _JOB = (
     "key", "queue", "gpusPerReplica", "minReplicas", "maxReplicas", "currentReplicas",
     "scheduledReplicas", "phase", "elastic", "task", "restartCost", "remainingSamples",
-    "lastRescale", "annotations", "throughput", "nonelasticGpus",
+    "lastRescale", "annotations", "throughput", "nonelasticGpus", "metricsFresh", "staleReason",
 )  # fmt: skip
 _POINT = ("time", "replicas", "samplesPerS")
 _PHASES = {phase.value: phase for phase in JobPhase}
@@ -140,29 +143,29 @@ def _job(value: object, path: str, problems: list[str]) -> JobState | None:
         throughput_history=tuple(p for p in points if p is not None),
         nonelastic_gpus=j.get("nonelasticGpus", 0.0, non_negative),
     )
+    fresh = j.get("metricsFresh", True, boolean)
+    stale_reason = j.get("staleReason", None, _optional_sentence)
+    if stale_reason is not None and fresh:
+        problems.append(f"{path}.staleReason: given for a job whose metricsFresh is true")
+    if not fresh:
+        job = dataclasses.replace(
+            job, stale_reason=stale_reason or "the metrics source marked them stale"
+        )
     annotations = j.mapping.get("annotations", {})
     if not isinstance(annotations, Mapping):
         problems.append(f"{path}.annotations: must be a mapping, got {show(annotations)}")
         return job
-    try:
-        overrides = job_overrides({str(k): str(v) for k, v in annotations.items()},
-                                  source=f"{path} ({job.key})")  # fmt: skip
-    except PolicyError as e:
-        # A bad annotation makes this one job unplannable (InvalidJobSpec), not the file.
-        marked_elastic = str(annotations.get("tide.io/elastic", "")).lower() == "true"
-        return dataclasses.replace(
-            job, elastic=job.elastic or marked_elastic, read_problems=tuple(e.problems)
-        )
-    return dataclasses.replace(
-        job,
-        elastic=job.elastic if overrides.elastic is None else overrides.elastic,
-        task=overrides.task or job.task,
-        min_replicas=job.min_replicas if overrides.min_replicas is None else overrides.min_replicas,
-        max_replicas=job.max_replicas if overrides.max_replicas is None else overrides.max_replicas,
-        restart_cost_s=(
-            job.restart_cost_s if overrides.restart_cost_s is None else overrides.restart_cost_s
-        ),
-    )
+    # A bad annotation makes this one job unplannable (InvalidJobSpec), not the file.
+    return annotated_job(job, {str(k): str(v) for k, v in annotations.items()},
+                         source=f"{path} ({job.key})")  # fmt: skip
+
+
+def _optional_sentence(value: object, path: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{path}: must be a sentence saying what was stale, got {show(value)}")
+    return value.strip()
 
 
 def _refuse_duplicates(

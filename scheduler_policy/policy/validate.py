@@ -11,14 +11,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduler_policy.policy.annotations import ELASTIC, TASK, annotation_path, job_overrides
+from scheduler_policy.adapters.volcano_job import API_VERSION as JOB_API_VERSION
+from scheduler_policy.adapters.volcano_job import KIND as JOB_KIND
+from scheduler_policy.adapters.volcano_job import UnreadJob, read_job
 from scheduler_policy.policy.fields import read_yaml_documents, show
 from scheduler_policy.policy.file import API_VERSION, KIND, parse_policy
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.errors import PolicyError
 
-VOLCANO_JOB = ("batch.volcano.sh/v1alpha1", "Job")
-DEFAULT_TASK = "worker"
+VOLCANO_JOB = (JOB_API_VERSION, JOB_KIND)
 YAML_SUFFIXES = (".yaml", ".yml")
 
 # Events that fire when tide shrinks a job: the controller deletes pods (PodEvicted) and the
@@ -52,30 +53,6 @@ class _Findings:
     warnings: list[str] = field(default_factory=list)
 
 
-def _non_negative_int(value: object, *, path: str, found: _Findings) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        found.errors.append(f"{path}: must be a non-negative integer, got {show(value)}")
-        return None
-    return value
-
-
-def _string_annotations(metadata: Mapping[object, object], found: _Findings) -> dict[str, str]:
-    annotations = metadata.get("annotations") or {}
-    if not isinstance(annotations, Mapping):
-        found.errors.append(f"metadata.annotations: must be a mapping, got {show(annotations)}")
-        return {}
-    strings: dict[str, str] = {}
-    for key, value in annotations.items():
-        if isinstance(value, str):
-            strings[str(key)] = value
-        else:
-            found.errors.append(
-                f"{annotation_path(str(key))}: must be a string (quote it in YAML), "
-                f"got {show(value)}"
-            )
-    return strings
-
-
 def _check_policies(policies: object, *, path: str, found: _Findings) -> None:
     """Warn about each ``RestartJob`` policy that fires on a scale-down."""
     if not isinstance(policies, list):
@@ -98,11 +75,14 @@ def _check_policies(policies: object, *, path: str, found: _Findings) -> None:
 def check_job(document: Mapping[str, object]) -> tuple[list[str], list[str]]:
     """Check a Volcano Job manifest for what matters to elastic scaling.
 
-    Every Job is checked for the constraints Volcano's webhook enforces
-    (``tasks[i].minAvailable <= tasks[i].replicas``, ``spec.minAvailable <= sum(replicas)``) and
-    for valid ``tide.io/*`` annotations. A Job annotated ``tide.io/elastic: "true"`` is also checked
-    for its scaling task (``tide.io/task``, default ``worker``), that task's ``minAvailable``, and
-    ``RestartJob`` policies that would fire on a scale-down.
+    The Job is read as the engine reads it (``adapters.volcano_job.read_job``: valid
+    ``tide.io/*`` annotations, tasks, replicas, GPU requests, and for a Job annotated
+    ``tide.io/elastic: "true"`` its scaling task, ``tide.io/task``, default ``worker``), so
+    what it finds is what would make the engine hold the job with ``InvalidJobSpec``. It is
+    also checked for the constraints Volcano's webhook enforces
+    (``tasks[i].minAvailable <= tasks[i].replicas``, ``spec.minAvailable <= sum(replicas)``),
+    and an elastic Job for its scaling task's ``minAvailable`` and ``RestartJob`` policies
+    that would fire on a scale-down.
 
     Args:
         document: the Job manifest as loaded from YAML.
@@ -111,77 +91,53 @@ def check_job(document: Mapping[str, object]) -> tuple[list[str], list[str]]:
         ``(errors, warnings)``, each message naming its path and value.
     """
     found = _Findings()
-    metadata = document.get("metadata") or {}
-    if not isinstance(metadata, Mapping):
-        metadata = {}
-    source = f"{metadata.get('namespace', 'default')}/{metadata.get('name', '?')}"
-    annotations = _string_annotations(metadata, found)
-    try:
-        job_overrides(annotations, source=source)
-    except PolicyError as error:
-        found.errors.extend(error.problems)
-    # Read these two directly, so that a bad annotation elsewhere does not hide the other checks.
-    elastic = annotations.get(ELASTIC) == "true"
-    named_task = bool(annotations.get(TASK, "").strip())
-    task_name = annotations[TASK] if named_task else DEFAULT_TASK
-
+    read = read_job(document)
+    if isinstance(read, UnreadJob):
+        return [read.problem], []
+    found.errors.extend(read.state.read_problems)
     spec = document.get("spec")
-    if not isinstance(spec, Mapping):
-        found.errors.append(f"spec: must be a mapping, got {show(spec)}")
-        return found.errors, found.warnings
-    tasks = spec.get("tasks")
-    if not isinstance(tasks, list) or not tasks:
-        found.errors.append(f"spec.tasks: must be a non-empty list of tasks, got {show(tasks)}")
-        return found.errors, found.warnings
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("tasks"), list) or not read.tasks:
+        return found.errors, found.warnings  # what is there to check is already an error
 
     total_replicas: int | None = 0  # None once a task's replicas is invalid
-    names: list[str] = []
-    scaling: tuple[int, Mapping[object, object]] | None = None
-    for index, task in enumerate(tasks):
-        path = f"spec.tasks[{index}]"
-        if not isinstance(task, Mapping):
-            found.errors.append(f"{path}: must be a mapping, got {show(task)}")
-            continue
-        name = str(task.get("name", ""))
-        names.append(name)
-        if name == task_name and scaling is None:
-            scaling = (index, task)
-        replicas = _non_negative_int(task.get("replicas", 0), path=f"{path}.replicas", found=found)
-        if replicas is None:
+    for task in read.tasks:
+        path = f"spec.tasks[{task.index}]"
+        if task.replicas is None:
             total_replicas = None
-        elif total_replicas is not None:
-            total_replicas += replicas
-        if task.get("minAvailable") is None:
             continue
-        least = _non_negative_int(task["minAvailable"], path=f"{path}.minAvailable", found=found)
-        if least is not None and replicas is not None and least > replicas:
+        if total_replicas is not None:
+            total_replicas += task.replicas
+        if task.min_available is not None and task.min_available > task.replicas:
             found.errors.append(
-                f"{path}.minAvailable: must not exceed {path}.replicas ({replicas}), got {least}"
+                f"{path}.minAvailable: must not exceed {path}.replicas ({task.replicas}), "
+                f"got {task.min_available}"
             )
+    if len(read.tasks) != len(spec.get("tasks") or ()):
+        total_replicas = None  # a task that is not a mapping has no replicas to add
 
     if spec.get("minAvailable") is not None:
-        least = _non_negative_int(spec["minAvailable"], path="spec.minAvailable", found=found)
-        if least is not None and total_replicas is not None and least > total_replicas:
+        least = spec["minAvailable"]
+        if isinstance(least, bool) or not isinstance(least, int) or least < 0:
+            found.errors.append(
+                f"spec.minAvailable: must be a non-negative integer, got {show(least)}"
+            )
+        elif total_replicas is not None and least > total_replicas:
             found.errors.append(
                 "spec.minAvailable: must not exceed the sum of spec.tasks[*].replicas "
                 f"({total_replicas}), got {least}"
             )
 
-    if not elastic:
+    if not read.state.elastic or read.task_index is None:
         return found.errors, found.warnings
-    if scaling is None:
-        listing = ", ".join(repr(n) for n in names)
-        where = annotation_path(TASK) if named_task else "spec.tasks"
-        hint = "" if named_task else f" (the default; name another with {TASK})"
-        found.errors.append(f"{where}: no task named {task_name!r}{hint}; found {listing}")
-    else:
-        index, task = scaling
-        if task.get("minAvailable") is None:
-            found.warnings.append(
-                f"spec.tasks[{index}].minAvailable: unset, so it defaults to replicas and the job "
-                "cannot shrink; set it to the fewest workers the job can run with"
-            )
-        _check_policies(task.get("policies"), path=f"spec.tasks[{index}].policies", found=found)
+    scaling = next(t for t in read.tasks if t.index == read.task_index)
+    if scaling.spec.get("minAvailable") is None:
+        found.warnings.append(
+            f"spec.tasks[{scaling.index}].minAvailable: unset, so it defaults to replicas and "
+            "the job cannot shrink; set it to the fewest workers the job can run with"
+        )
+    _check_policies(
+        scaling.spec.get("policies"), path=f"spec.tasks[{scaling.index}].policies", found=found
+    )
     _check_policies(spec.get("policies"), path="spec.policies", found=found)
     return found.errors, found.warnings
 

@@ -241,3 +241,22 @@ def test_the_example_elastic_job_passes_tide_validate() -> None:
     example = POLICIES_DIR.parent / "examples" / "elastic-pytorch-job.yaml"
     report = validate_file(example)
     assert (report.errors, report.warnings) == ((), ())
+
+
+def test_check_job_reads_the_job_as_the_engine_does() -> None:
+    # One reader (adapters.volcano_job) for `tide validate` and the engine: a GPU request the
+    # engine could not read is an error here too, and tide's own memory annotation is no
+    # unknown annotation.
+    worker = make_task("worker", 4, min_available=1)
+    worker["template"]["spec"] = {
+        "containers": [{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "lots"}}}]
+    }
+    job = make_job(tasks=[make_task("master", 1), worker],
+                   annotations={"tide.io/memory": '{"v":1,"recommendations":[]}'})  # fmt: skip
+    assert check_job(job) == (
+        [
+            "spec.tasks[1].template.spec.containers[0].resources.limits[nvidia.com/gpu]: "
+            "must be a non-negative quantity, got 'lots'"
+        ],
+        [],
+    )
