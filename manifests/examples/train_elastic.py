@@ -1,10 +1,10 @@
 """An elastic training script for torchrun: a small model on synthetic data.
 
 On a GPU it trains with NCCL on ``cuda:<LOCAL_RANK>``, elsewhere with gloo on the CPU
-(``ElasticRun(backend="auto")``, the default). Run it on one machine as README.md's "Run it on
+(``--backend auto``, ``ElasticRun``'s default). Run it on one machine as README.md's "Run it on
 one machine" shows: two torchrun agents with ``--max-restarts=100`` (a rescale restarts the
 workers of the agent that stays, which torchrun counts as a restart: without it the survivor
-exits with ``ChildFailedError``), c10d rendezvous on 127.0.0.1, and
+exits with ``ChildFailedError``), c10d rendezvous on 127.0.0.1, ``--backend=gloo``, and
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (see the comment on it in
 ``elastic-pytorch-job.yaml``). The lines marked ``# tide`` are all it takes on top of a plain DDP
 script.
@@ -30,6 +30,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--global-batch", type=int, default=96, help="samples per step")
     parser.add_argument("--micro-batch", type=int, default=8, help="samples per worker pass")
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "nccl", "gloo"],
+        default="auto",
+        help="auto: NCCL on the worker's own GPU when it has one, else gloo on the CPU",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
 
@@ -49,6 +55,7 @@ def main() -> None:
         global_batch_size=args.global_batch,
         checkpoint_every_steps=50,
         checkpoint_every_s=300,
+        backend=args.backend,
     )
     model.to(run.device)  # tide: cuda:<LOCAL_RANK> on a GPU, else cpu; before the load below
     with run:  # tide: joins the group, loads the latest checkpoint, handles SIGTERM

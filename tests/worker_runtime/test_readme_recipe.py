@@ -97,6 +97,8 @@ def test_the_recipe_is_two_agents_of_one_job_and_a_sigterm() -> None:
         assert int(option(agent.argv, "--max-restarts")) > 0
         assert "last_call_timeout=1" in option(agent.argv, "--rdzv-conf")
         assert "manifests/examples/train_elastic.py" in agent.argv
+        # Two workers of local rank 0 on one machine: NCCL would put both on cuda:0.
+        assert option(agent.argv, "--backend") == "gloo"
     # Apart from who hosts the store, the second agent runs the first one's command.
     assert first.argv == [w.replace("is_host=0", "is_host=1") for w in second.argv]
     assert "is_host=1" in option(first.argv, "--rdzv-conf")
@@ -123,6 +125,9 @@ def progress_step(ckpt: Path) -> int:
         return 0
 
 
+# Four torch processes start, one twice: on a loaded 2-core machine this can exceed the suite's
+# default 300 s; every wait below is bounded on its own.
+@pytest.mark.timeout(600)
 def test_the_recipe_rescales_two_to_one_and_loses_no_step(cluster: Cluster) -> None:
     (first, second), _ = recipe()
     ckpt = cluster.ckpt_dir
@@ -135,14 +140,14 @@ def test_the_recipe_rescales_two_to_one_and_loses_no_step(cluster: Cluster) -> N
     first_log, second_log = cluster.agent_log(0), cluster.agent_log(1)
     wait_for(
         lambda: logged_world(first_log) == logged_world(second_log) == 2,
-        timeout_s=120,
+        timeout_s=180,
         what=f"both agents at world size 2\n{cluster.agent_logs()}",
     )
     at_two = progress_step(ckpt)
     wait_for(lambda: progress_step(ckpt) >= at_two + 5, timeout_s=60, what="5 steps at 2")
     joiner.send_signal(signal.SIGTERM)  # what the README's `kill -TERM $!` does
     cluster.wait_agent(joiner, timeout_s=90)
-    assert cluster.wait_agent(host, timeout_s=180) == 0, cluster.agent_logs()
+    assert cluster.wait_agent(host, timeout_s=240) == 0, cluster.agent_logs()
 
     host_log, joiner_log = first_log.read_text("utf-8"), second_log.read_text("utf-8")
     assert "SignalException" in joiner_log, joiner_log[-3000:]
