@@ -63,6 +63,10 @@ def main() -> None:
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
     parser.add_argument("--pad-mb", type=int, default=0)
     parser.add_argument("--dropout", type=float, default=0.1)
+    # While this file exists, every step ends with a wait (cut short by SIGTERM), so that a test
+    # can start an agent and have it join before the job runs out of steps, however slowly it
+    # starts.
+    parser.add_argument("--pause-file", default=None)
     args = parser.parse_args()
     # The test harness kills every pid listed here at teardown; SIGUSR1 dumps the stacks.
     (Path(args.log_dir) / f"pid-{os.getpid()}").touch()
@@ -149,6 +153,12 @@ def main() -> None:
                         }
                     emit(event)
                     time.sleep(args.step_sleep_s)
+                    while (
+                        args.pause_file
+                        and Path(args.pause_file).exists()
+                        and not run.stop_requested
+                    ):
+                        time.sleep(0.05)
     except SystemExit as e:
         emit(
             {
