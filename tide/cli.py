@@ -9,7 +9,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from scheduler_policy.adapters.observation_file import (
     example_observation_path,
@@ -23,6 +22,7 @@ from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.errors import TideError
 from scheduler_policy.vocabulary.state import Observation
 from tide import policy_commands, sim_commands, tune_command
+from tide.plan_view import plan_document, plan_renderable, queue_views
 
 app = typer.Typer(
     name="tide",
@@ -48,23 +48,6 @@ def plan_observation(*, observation: Observation, policy: ElasticPolicy) -> Plan
     return decide(observation, policy, models=ModelCache(refit_s=policy.model_refit_s))
 
 
-def _plan_table(plan: Plan) -> Table:
-    table = Table(title="tide plan", show_lines=False)
-    table.add_column("job", no_wrap=True)
-    table.add_column("replicas", justify="right", no_wrap=True)
-    table.add_column("reason", no_wrap=True)
-    table.add_column("message", ratio=1, min_width=30)
-    for d in plan.decisions:
-        arrow = f"{d.current_replicas} → {d.target_replicas}"
-        style = (
-            "green"
-            if d.target_replicas > d.current_replicas
-            else ("yellow" if d.target_replicas < d.current_replicas else "")
-        )
-        table.add_row(d.job, f"[{style}]{arrow}[/]" if style else arrow, d.reason.value, d.message)
-    return table
-
-
 @app.command()
 def plan(
     observation: Annotated[
@@ -86,7 +69,12 @@ def plan(
         ),
     ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print the decisions as JSON instead of a table.")
+        bool,
+        typer.Option(
+            "--json",
+            help="Print JSON instead of a table: the decisions, and each managed queue's "
+            "budget, headroom and forecast.",
+        ),
     ] = False,
 ) -> None:
     """Print the decisions the engine would make for an observation, with their reasons."""
@@ -98,19 +86,12 @@ def plan(
         Console(stderr=True).print(f"[red]error:[/] {e}", highlight=False)
         raise typer.Exit(1) from e
     if as_json:
-        decisions = [
-            {
-                "job": d.job,
-                "current_replicas": d.current_replicas,
-                "target_replicas": d.target_replicas,
-                "reason": d.reason.value,
-                "message": d.message,
-            }
-            for d in result.decisions
-        ]
-        typer.echo(json.dumps(decisions, indent=2))
+        queues = queue_views(
+            loaded, loaded_policy, models=ModelCache(refit_s=loaded_policy.model_refit_s)
+        )
+        typer.echo(json.dumps(plan_document(result, queues), indent=2))
         return
-    Console().print(_plan_table(result))
+    Console().print(plan_renderable(result))
 
 
 def main() -> None:

@@ -29,6 +29,14 @@ BOUND_TERMS = (
 """What the printed lower bound assumes (``simulations.bounds.jct_lower_bound_h``)."""
 
 
+NO_BOUND = "lower bound on the average JCT: skipped (--no-bound)"
+
+
+def _json_number(value: float) -> float | None:
+    """A figure as JSON holds it: null for NaN (JSON has no NaN)."""
+    return None if math.isnan(value) else value
+
+
 def fmt(value: float, digits: int = 2) -> str:
     return "-" if isinstance(value, float) and math.isnan(value) else f"{value:.{digits}f}"
 
@@ -253,6 +261,7 @@ def run_comparison(
     out_dir: Path,
     json_path: Path | None,
     workers: int = 1,
+    with_bound: bool = True,
 ) -> list[Summary]:
     """Run every policy on every seed's workload, print the table, write the reports and plots.
 
@@ -268,6 +277,8 @@ def run_comparison(
             CDF of every seed, the others of the first).
         json_path: where else to write the JSON report; None for nowhere else.
         workers: processes the runs go in at once (``run_cases``).
+        with_bound: whether to solve and print the lower bound on the average JCT
+            (``--no-bound`` skips it, and the output says so).
 
     Returns:
         One summary per policy per seed, seed by seed.
@@ -322,7 +333,11 @@ def run_comparison(
             cases, cluster=cluster, on_done=advance, workers=workers, on_progress=show
         )
     summaries = [summarize(r) for r in results]
-    bounds = jct_lower_bounds_h([one.workload for one in seeded], cluster)
+    bounds = (
+        jct_lower_bounds_h([one.workload for one in seeded], cluster)
+        if with_bound
+        else [math.nan] * len(seeded)
+    )
     if len(seeded) == 1:
         _print_one(console, summaries, first, cluster, bounds[0])
     else:
@@ -341,10 +356,10 @@ def run_comparison(
         "gpus": cluster.total_gpus,
         "jobs": len(first.workload.jobs),
         "skipped_rows": first.workload.skipped_rows,
-        "avg_jct_lower_bound_h": bounds[0],
+        "avg_jct_lower_bound_h": _json_number(bounds[0]),
         "seeds": [one.seed for one in seeded],
         "jobs_by_seed": [len(one.workload.jobs) for one in seeded],
-        "avg_jct_lower_bound_h_by_seed": bounds,
+        "avg_jct_lower_bound_h_by_seed": [_json_number(b) for b in bounds],
         # What ran, so that a report can be reproduced: the whole cluster, each tide policy as
         # its file would say it, and the run options (the seeds' differ only in their seed).
         "cluster_spec": dataclasses.asdict(cluster),
@@ -404,10 +419,13 @@ def _print_one(
     console.print(idle_line(summaries))
     if workload.skipped_rows:
         console.print(f"skipped {workload.skipped_rows} bad trace row(s)")
-    console.print(
-        f"no policy can bring the average JCT of all jobs below {bound_h:.2f} h ({BOUND_TERMS})"
-        + _to_bound([summaries[0]], [bound_h])
-    )
+    if math.isnan(bound_h):
+        console.print(NO_BOUND)
+    else:
+        console.print(
+            f"no policy can bring the average JCT of all jobs below {bound_h:.2f} h "
+            f"({BOUND_TERMS})" + _to_bound([summaries[0]], [bound_h])
+        )
     faults = one.options.faults
     if faults.node_mtbf_s is not None or faults.outage_every_s is not None:
         # The same seeded faults for every policy; a run that lasts longer sees more of them.
@@ -460,11 +478,14 @@ def _print_seeds(
     skipped = sorted({one.workload.skipped_rows for one in seeded})
     if skipped[-1]:
         console.print(f"skipped {skipped[-1]} bad trace row(s)")
-    console.print(
-        f"no policy can bring the average JCT of all jobs below {_median(bounds):.2f} h, median "
-        f"over the seeds ({min(bounds):.2f}–{max(bounds):.2f}; {BOUND_TERMS})"
-        + _to_bound([s for s in summaries if s.policy == reference], bounds)
-    )
+    if all(math.isnan(b) for b in bounds):
+        console.print(NO_BOUND)
+    else:
+        console.print(
+            f"no policy can bring the average JCT of all jobs below {_median(bounds):.2f} h, "
+            f"median over the seeds ({min(bounds):.2f}–{max(bounds):.2f}; {BOUND_TERMS})"
+            + _to_bound([s for s in summaries if s.policy == reference], bounds)
+        )
     faults = seeded[0].options.faults
     if faults.node_mtbf_s is not None or faults.outage_every_s is not None:
         console.print("faults injected, drawn per seed; what each run saw is in the JSON report")

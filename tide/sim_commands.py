@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -27,6 +28,7 @@ from tide.sim_options import (
     LoadOpt,
     MemberOpt,
     MtbfOpt,
+    NoBoundOpt,
     OutageOpt,
     OutOpt,
     QuietOpt,
@@ -73,6 +75,36 @@ def _seeded_setup(
     return seeded, cluster
 
 
+POLICY_NAMES = ("tide", *BASELINE_NAMES)
+
+
+def policy_names(text: str) -> list[str]:
+    """``--policies`` as a list of names: comma-separated, at least one, each known, none twice.
+
+    Args:
+        text: the option's value.
+
+    Returns:
+        The names, in the order given.
+
+    Raises:
+        SimulationError: an empty list, an unknown name (with the nearest known one) or a name
+            given twice.
+    """
+    known = ", ".join(POLICY_NAMES)
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise SimulationError(f"--policies: no policy given; name one or more of {known}")
+    for i, name in enumerate(names):
+        if name not in POLICY_NAMES:
+            close = difflib.get_close_matches(name, POLICY_NAMES, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise SimulationError(f"--policies: unknown policy {name!r}; {hint}known: {known}")
+        if name in names[:i]:
+            raise SimulationError(f"--policies: {name} is given twice")
+    return names
+
+
 def register(app: typer.Typer) -> None:
     """Add ``simulate`` and ``compare`` to the ``tide`` app."""
 
@@ -106,12 +138,14 @@ def register(app: typer.Typer) -> None:
         outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
         workers: SimWorkersOpt = None,
+        no_bound: NoBoundOpt = False,
         out: OutOpt = Path("tide-sim-out"),
         json_path: JsonOpt = None,
     ) -> None:
         """Replay a workload through tide's engine and the baselines; compare them."""
         chosen = chosen_seeds(seed, seeds)
         try:
+            names = policy_names(policies)  # before any file is read
             seeded, cluster = _seeded_setup(
                 trace=trace,
                 fmt=fmt,
@@ -127,13 +161,7 @@ def register(app: typer.Typer) -> None:
             )
             policy = load_policy(policy_file) if policy_file else default_policy_for(cluster)
             warn_policy(policy, cluster)
-            runs: list[PolicyRun] = []
-            for name in [p.strip() for p in policies.split(",") if p.strip()]:
-                if name != "tide" and name not in BASELINE_NAMES:
-                    raise SimulationError(f"--policies: unknown policy {name!r}")
-                if any(run.label == name for run in runs):
-                    raise SimulationError(f"--policies: {name} is given twice")
-                runs.append(PolicyRun(name, name, policy if name == "tide" else None))
+            runs = [PolicyRun(name, name, policy if name == "tide" else None) for name in names]
             long_trace_tip([seeded[0].workload], quiet_s)
             run_comparison(
                 console=console,
@@ -143,6 +171,7 @@ def register(app: typer.Typer) -> None:
                 out_dir=out,
                 json_path=json_path,
                 workers=worker_count(workers, len(runs) * len(seeded)),
+                with_bound=not no_bound,
             )
         except (SimulationError, TideError) as e:
             console.print(f"[red]error:[/red] {e}")
@@ -165,6 +194,7 @@ def register(app: typer.Typer) -> None:
         outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
         workers: SimWorkersOpt = None,
+        no_bound: NoBoundOpt = False,
         out: OutOpt = Path("tide-compare-out"),
         json_path: JsonOpt = None,
     ) -> None:
@@ -203,6 +233,7 @@ def register(app: typer.Typer) -> None:
                 out_dir=out,
                 json_path=json_path,
                 workers=worker_count(workers, len(runs) * len(seeded)),
+                with_bound=not no_bound,
             )
         except (SimulationError, TideError) as e:
             console.print(f"[red]error:[/red] {e}")

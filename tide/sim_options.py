@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -34,8 +35,9 @@ TraceOpt = Annotated[
     Path | None,
     typer.Option(
         "--trace",
-        help="Trace file (tide CSV/JSONL, Pollux, Philly, ITP "
-        "tarball); default: the built-in workload.",
+        help="Trace file (tide CSV/JSONL, Pollux, Philly, ITP tarball); default: the built-in "
+        "workload, whose elastic jobs go to the cluster's first elastic queue and the others to "
+        "its first non-elastic queue (its first queue if every queue is elastic).",
     ),
 ]
 FormatOpt = Annotated[
@@ -68,6 +70,14 @@ LoadOpt = Annotated[
 HorizonOpt = Annotated[
     float | None, typer.Option("--horizon", help="Stop the simulation at this time, hours.")
 ]
+NoBoundOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-bound",
+        help="Skip the lower bound on the average JCT (a linear program: a second or so on "
+        "most workloads); the output says it was skipped.",
+    ),
+]
 SkipOpt = Annotated[
     bool, typer.Option("--skip-bad-rows", help="Skip and count bad trace rows instead of failing.")
 ]
@@ -79,16 +89,33 @@ def _unwritable(path: Path, *, folder: bool) -> str | None:
     minutes must not end in a traceback for want of somewhere to write."""
     if not folder and path.is_dir():
         return f"{path} is a folder, not a file"
-    if not folder and path.exists() and not os.access(path, os.W_OK):
-        return f"{path} is not writable"
+    if not folder and path.exists():
+        try:  # append mode changes nothing; os.access says yes to root on a read-only mount
+            with path.open("a"):
+                pass
+        except OSError as e:
+            return f"{path} is not writable ({e.strerror or e})"
+        return None
     nearest = path if folder else path.parent
     while not nearest.exists():  # the folders to be made go under the nearest that exists
         nearest = nearest.parent
     if not nearest.is_dir():
         return f"{nearest} is a file, not a folder"
-    if not os.access(nearest, os.W_OK | os.X_OK):
-        return f"{nearest} is not writable"
-    return None
+    if folder and path.exists():
+        return None if _can_create_in(path) else f"{path} is not writable"
+    # Try what the command will do, in the nearest folder that exists, and undo it: /proc
+    # and read-only mounts pass os.access for root but refuse a new folder.
+    return None if _can_create_in(nearest) else f"cannot create {path}: {nearest} is not writable"
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a folder can be made in ``folder`` (it is removed at once)."""
+    try:
+        probe = tempfile.mkdtemp(prefix=".tide-probe-", dir=folder)
+    except OSError:
+        return False
+    os.rmdir(probe)
+    return True
 
 
 def writable_folder(path: Path) -> Path:

@@ -35,7 +35,7 @@ from simulations.tune import (
     tune,
 )
 from simulations.workload import DEFAULT_LOAD
-from tide.comparison import BOUND_TERMS, print_fitted
+from tide.comparison import BOUND_TERMS, NO_BOUND, print_fitted
 from tide.comparison import fmt as format_number
 from tide.sim_options import (
     DEFAULT_DURATION_H,
@@ -46,6 +46,7 @@ from tide.sim_options import (
     LoadOpt,
     MemberOpt,
     MtbfOpt,
+    NoBoundOpt,
     OutageOpt,
     QuietOpt,
     SkipOpt,
@@ -300,6 +301,7 @@ def register(app: typer.Typer) -> None:
         node_mtbf_h: MtbfOpt = None,
         outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
+        no_bound: NoBoundOpt = False,
         out: Annotated[
             Path,
             typer.Option(
@@ -402,7 +404,9 @@ def register(app: typer.Typer) -> None:
         if per_workload is not None:
             print_fitted(console, per_workload)
         console.print(_tune_outcome(space, result, out))
-        if space.objective == "avg_jct_h":
+        if space.objective == "avg_jct_h" and no_bound:
+            console.print(NO_BOUND)
+        elif space.objective == "avg_jct_h":
             # How far the search could go at all: the comparison's lower bound, per workload.
             bounds = jct_lower_bounds_h([one.workload for one in seeded], cluster)
             console.print(
