@@ -32,11 +32,14 @@ SEEDED_FORMATS = ("philly", "itp")
 
 
 def default_policy_for(cluster: ClusterSpec) -> ElasticPolicy:
-    """tide's default policy for a cluster: scale its elastic queues, borrowing idle GPUs."""
+    """tide's default policy for a cluster: every setting at its built-in default, each of the
+    cluster's queues managed, the elastic ones scaled and borrowing idle GPUs (a non-elastic
+    queue does not borrow: it would have no effect). On the built-in cluster it is
+    ``manifests/policies/default.yaml``."""
     return ElasticPolicy(
-        name="tide-default",
+        name="default",
         queues=tuple(
-            QueuePolicy(name=q.name, elastic=q.elastic, borrow=True) for q in cluster.queues
+            QueuePolicy(name=q.name, elastic=q.elastic, borrow=q.elastic) for q in cluster.queues
         ),
     )
 

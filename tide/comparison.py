@@ -18,7 +18,7 @@ from rich.table import Column, Table
 from scheduler_policy.policy.file import policy_document
 from simulations.api import Case, PolicyRun, Seeded, run_cases, write_json_report
 from simulations.bounds import jct_lower_bounds_h
-from simulations.cluster_config import ClusterSpec
+from simulations.cluster_config import ClusterSpec, cluster_document
 from simulations.report import Summary, summarize, write_jobs_csv
 from simulations.run import SimResult
 
@@ -362,7 +362,7 @@ def run_comparison(
         "avg_jct_lower_bound_h_by_seed": [_json_number(b) for b in bounds],
         # What ran, so that a report can be reproduced: the whole cluster, each tide policy as
         # its file would say it, and the run options (the seeds' differ only in their seed).
-        "cluster_spec": dataclasses.asdict(cluster),
+        "cluster_spec": cluster_document(cluster),
         "policies": {
             run.label: policy_document(run.policy) if run.policy else run.kind for run in runs
         },

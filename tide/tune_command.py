@@ -31,7 +31,9 @@ from simulations.tune import (
     check_values,
     distinct_sets,
     load_search_space,
+    param_text,
     param_value,
+    parameter,
     tune,
 )
 from simulations.workload import DEFAULT_LOAD
@@ -111,13 +113,19 @@ def _trial_record(
     space: SearchSpace, trial: Trial, base: ElasticPolicy, seeded: list[Seeded]
 ) -> dict[str, object]:
     """A run as trials.json gives it: the base's run says ``base`` and gives its values."""
-    params: dict[str, float | None] = dict(trial.params)
+    values: dict[str, float | None] = dict(trial.params)
     if trial.is_base:
-        params = {n: param_value(base, n) for n in space.parameters}
+        values = {n: param_value(base, n) for n in space.parameters}
+    # As the policy file writes them: durations as strings ("5m"), other values as numbers.
+    params = {
+        n: None if v is None else (param_text(n, v) if _is_duration(n) else v)
+        for n, v in values.items()
+    }
     record: dict[str, object] = {
         "trial": "base" if trial.is_base else trial.index,
         "params": params,
         "objective": _json_number(trial.objective),
+        "spread": _json_number(_spread(trial)),
         "by_workload": [
             {"workload": one.workload.name, "seed": one.seed, space.objective: _json_number(v)}
             for one, v in zip(seeded, trial.by_workload, strict=True)
@@ -127,6 +135,18 @@ def _trial_record(
         record["figures"] = {n: _json_number(v) for n, v in trial.figures.items()}
         record["meets_constraints"] = trial.meets
     return record
+
+
+def _is_duration(name: str) -> bool:
+    param = parameter(name)
+    return param is not None and param.unit == "duration"
+
+
+def _spread(trial: Trial) -> float:
+    """The objective's range over the workloads (seeds) a trial ran on: how much of a
+    difference between two trials the workloads alone make; NaN on one workload."""
+    values = [v for v in trial.by_workload if math.isfinite(v)]
+    return max(values) - min(values) if len(values) > 1 else math.nan
 
 
 def _bound_text(low: float, high: float) -> str:
@@ -146,11 +166,14 @@ def _trials_table(space: SearchSpace, result: TuneResult, base_policy: ElasticPo
         if result.interrupted
         else f"{len(trials)} trials"
     )
-    notes = []
+    notes = ["best first; trial: its id in trials.csv and trials.json"]
     if any(n.startswith("defaults.") for n in names):
         notes.append("defaults.* parameters are shown without the prefix")
     if space.constraints:
-        notes.append("rank –: misses a constraint")
+        notes.append("–: misses a constraint")
+    several = bool(result.trials) and len(result.trials[0].by_workload) > 1
+    if several:
+        notes.append("spread: highest minus lowest objective over the workloads")
     table = Table(
         title=f"tide tune: {done}, objective {space.objective} "
         f"({'higher' if space.maximise else 'lower'} is better)",
@@ -159,10 +182,11 @@ def _trials_table(space: SearchSpace, result: TuneResult, base_policy: ElasticPo
         collapse_padding=True,
         caption="; ".join(notes) or None,
     )
-    # Headers break at their underscores, so that every name is whole in an 80-column
-    # terminal (an ellipsis would leave every "defaults." column unreadable).
-    for col in ("rank", *names, space.objective, *bounded):
-        header = col.removeprefix("defaults.").replace("_", "_\n")
+    # Headers break after their dots and underscores, so that every name is whole in an
+    # 80-column terminal (an ellipsis would leave every "defaults." column unreadable).
+    spread = ["spread"] if several else []
+    for col in ("trial", *names, space.objective, *spread, *bounded):
+        header = col.removeprefix("defaults.").replace(".", ".\n").replace("_", "_\n")
         widest = max(map(len, header.splitlines()))
         table.add_column(header, justify="right", overflow="fold", min_width=widest)
 
@@ -174,19 +198,19 @@ def _trials_table(space: SearchSpace, result: TuneResult, base_policy: ElasticPo
         base = result.base
         place = sum(order(t) < order(base) for t in ranked)
         ranked.insert(place, base)  # ahead of equal trials: a tie goes to the base
-    rank = 0
     for trial in ranked:
+        # The trial's id, as trials.csv and trials.json give it: a rank of its own would
+        # number the rows differently from the files.
+        label = "base" if trial.is_base else str(trial.index)
         if trial.is_base:
-            label = "base" if trial.meets else "base –"
             values = [param_value(base_policy, n) for n in names]
         else:
-            rank += trial.meets
-            label = str(rank) if trial.meets else "–"
             values = [trial.params.get(n) for n in names]
         table.add_row(
-            label,
-            *("none" if v is None else f"{v:g}" for v in values),
+            label if trial.meets else f"{label} –",
+            *(param_text(n, v) for n, v in zip(names, values, strict=True)),
             format_number(trial.objective, 3),
+            *([format_number(_spread(trial), 3)] if several else []),
             *(format_number(trial.figures[n], 3) for n in bounded),
         )
     return table
@@ -335,6 +359,12 @@ def register(app: typer.Typer) -> None:
                 options=options,
             )
             long_trace_tip([one.workload for one in seeded], quiet_s)
+            if len(seeded) == 1:
+                console.print(
+                    "[yellow]warning:[/yellow] one workload at one seed: a difference between "
+                    "trials below the run-to-run noise is not a finding; give --seeds 0,1,2 "
+                    "(the table then shows each trial's spread across the seeds)"
+                )
             planned = len(candidates(space))
             if space.method == "random" and distinct_sets(space) < space.trials:
                 console.print(

@@ -54,7 +54,7 @@ def test_an_out_folder_that_cannot_be_made_is_refused_before_anything_runs(
     (tmp_path / "p.yaml").write_text(
         "apiVersion: tide.io/v1alpha1\nkind: ElasticPolicy\nmetadata: {name: p}\n"
     )
-    (tmp_path / "s.yaml").write_text("parameters:\n  defaults.cooldown_s: [60]\n")
+    (tmp_path / "s.yaml").write_text("parameters:\n  defaults.cooldown: [1m]\n")
     first = {
         "simulate": [],
         "compare": [str(tmp_path / "p.yaml")],
