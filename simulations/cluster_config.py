@@ -238,8 +238,9 @@ def parse_cluster(data: Any, *, source: str) -> ClusterSpec:
         raise ClusterFileError(source, problems)
     _renamed(top, _TOP_KEYS)
     top.get("kind", KIND, _kind)
+    old_names = {RENAMED[k] for k in top.mapping if k in RENAMED}  # said already
     for key in ("nodes", "gpusPerNode", "queues"):
-        if key not in top.mapping:
+        if key not in top.mapping and key not in old_names:
             problems.append(f"{key}: is required")
     nodes = top.get("nodes", 0, _count(MAX_NODES))
     gpn = top.get("gpusPerNode", 0, _count(MAX_GPUS_PER_NODE))
