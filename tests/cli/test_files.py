@@ -131,3 +131,42 @@ def test_every_example_policy_scales_jobs_on_the_shipped_cluster(
     assert "warning" not in result.output
     (summary,) = json.loads((tmp_path / "r.json").read_text())["summaries"]
     assert summary["rescales"] > 0
+
+
+OBSERVED = (
+    "time: 1000\nclusterGpus: 16\nclusterFreeGpus: 4\n"
+    "queues: [{name: q, allocatedGpus: 8}]\n"
+    "jobs:\n  - {key: ns/a, queue: q, currentReplicas: 2, elastic: true, gpusPerReplica: 1,\n"
+    "     throughput: [{time: 900, replicas: 2, samplesPerS: 10}]}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("gpusPerReplica: 1", "gpusPerReplica: 0"), "jobs[0].gpusPerReplica: must be > 0, got 0"),
+        (("time: 1000\n", ""), "time: is required (the decision time, seconds since the epoch)"),
+        (("{time: 900, ", "{"),
+         "jobs[0].throughput[0].time: is required (when the sample was taken, seconds)"),
+        (("{time: 900,", "{time: 1100,"),
+         "jobs[0].throughput[0].time: 1100 is after the observation's time 1000 (a sample "
+         "from the future)"),
+        (("clusterFreeGpus: 4", "clusterFreeGpus: 20"),
+         "clusterFreeGpus: 20 is above the cluster's 16 GPUs (clusterGpus)"),
+        (("clusterFreeGpus: 4", "clusterFreeGpus: 10"),
+         "clusterFreeGpus: 10 free and 8 allocated to queues add up to more than the cluster's "
+         "16 GPUs (clusterGpus)"),
+    ],
+    ids=["zero-gpus-per-replica", "no-time", "sample-without-time", "sample-from-the-future",
+         "free-above-total", "free-and-allocated-above-total"],
+)  # fmt: skip
+def test_an_observation_refuses_values_it_once_accepted(
+    tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
+    path = tmp_path / "obs.yaml"
+    path.write_text(OBSERVED)
+    assert load_observation(path).time_s == 1000.0  # the unchanged file is fine
+    path.write_text(OBSERVED.replace(*change))
+    with pytest.raises(TideError) as refused:
+        load_observation(path)
+    assert f"  - {message}" in str(refused.value).splitlines()
