@@ -82,11 +82,14 @@ class Workload:
         name: a label for reports.
         jobs: the jobs, by ``submit_s``.
         skipped_rows: bad trace rows skipped with ``--skip-bad-rows``.
+        skipped: each skipped row's line in the trace and what was wrong with it, in file
+            order (a loader that counts without saying why leaves it empty).
     """
 
     name: str
     jobs: tuple[WorkloadJob, ...]
     skipped_rows: int = 0
+    skipped: tuple[tuple[int, str], ...] = ()
 
 
 # Parameters of the built-in generator, fitted (by the command below) to the Philly trace as Pollux

@@ -23,6 +23,7 @@ from scheduler_policy.vocabulary.errors import TideError
 from scheduler_policy.vocabulary.state import Observation
 from tide import policy_commands, sim_commands, tune_command
 from tide.plan_view import plan_document, plan_renderable, queue_views
+from tide.sim_options import error_lines
 
 app = typer.Typer(
     name="tide",
@@ -83,7 +84,8 @@ def plan(
         loaded = load_observation(observation or example_observation_path())
         result = plan_observation(observation=loaded, policy=loaded_policy)
     except TideError as e:
-        Console(stderr=True).print(f"[red]error:[/] {e}", highlight=False)
+        for line in error_lines(e):
+            Console(stderr=True).print(line, highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1) from e
     if as_json:
         queues = queue_views(

@@ -21,6 +21,7 @@ from simulations.bounds import jct_lower_bounds_h
 from simulations.cluster_config import ClusterSpec, cluster_document
 from simulations.report import Summary, summarize, write_jobs_csv
 from simulations.run import SimResult
+from simulations.workload import Workload
 
 BOUND_TERMS = (
     "a relaxation: every job from its submission at its best sizes, sharing the cluster's GPUs "
@@ -356,6 +357,8 @@ def run_comparison(
         "gpus": cluster.total_gpus,
         "jobs": len(first.workload.jobs),
         "skipped_rows": first.workload.skipped_rows,
+        # Each skipped row's line and reason (a trace skips the same rows at every seed).
+        "skipped": [{"line": line, "problem": problem} for line, problem in first.workload.skipped],
         "avg_jct_lower_bound_h": _json_number(bounds[0]),
         "seeds": [one.seed for one in seeded],
         "jobs_by_seed": [len(one.workload.jobs) for one in seeded],
@@ -394,6 +397,18 @@ def run_comparison(
     return summaries
 
 
+def skipped_line(workload: Workload) -> str:
+    """What ``--skip-bad-rows`` skipped, on screen: how many rows, and their lines (the first
+    20); each line's reason is in the report."""
+    lines = [str(line) for line, _ in workload.skipped[:20]]
+    more = f" and {len(workload.skipped) - 20} more" if len(workload.skipped) > 20 else ""
+    where = f": line(s) {', '.join(lines)}{more}" if lines else ""
+    return (
+        f"skipped {workload.skipped_rows} bad trace row(s){where} (each with its reason in "
+        "report.json, meta.skipped)"
+    )
+
+
 def _name(seeded: Sequence[Seeded]) -> str:
     """The workloads' name: one name, or the first and last seed's when they differ."""
     names = [one.workload.name for one in seeded]
@@ -418,7 +433,7 @@ def _print_one(
     )
     console.print(idle_line(summaries))
     if workload.skipped_rows:
-        console.print(f"skipped {workload.skipped_rows} bad trace row(s)")
+        console.print(skipped_line(workload))
     if math.isnan(bound_h):
         console.print(NO_BOUND)
     else:
@@ -475,9 +490,9 @@ def _print_seeds(
     for line in ratio_lines(summaries, seeds, reference=reference):
         console.print(line)
     console.print(idle_line(summaries))
-    skipped = sorted({one.workload.skipped_rows for one in seeded})
-    if skipped[-1]:
-        console.print(f"skipped {skipped[-1]} bad trace row(s)")
+    most = max((one.workload for one in seeded), key=lambda w: w.skipped_rows)
+    if most.skipped_rows:
+        console.print(skipped_line(most))
     if all(math.isnan(b) for b in bounds):
         console.print(NO_BOUND)
     else:

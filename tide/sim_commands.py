@@ -40,6 +40,7 @@ from tide.sim_options import (
     chosen_seeds,
     console,
     long_trace_tip,
+    print_error,
     seed_options,
     seeded_workloads,
     warn_policy,
@@ -174,7 +175,7 @@ def register(app: typer.Typer) -> None:
                 with_bound=not no_bound,
             )
         except (SimulationError, TideError) as e:
-            console.print(f"[red]error:[/red] {e}")
+            print_error(e)
             raise typer.Exit(1) from e
 
     @app.command()
@@ -236,5 +237,5 @@ def register(app: typer.Typer) -> None:
                 with_bound=not no_bound,
             )
         except (SimulationError, TideError) as e:
-            console.print(f"[red]error:[/red] {e}")
+            print_error(e)
             raise typer.Exit(1) from e

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from scheduler_policy.policy.spec import ElasticPolicy
 from simulations.api import (
@@ -166,6 +168,49 @@ QuietOpt = Annotated[
         "happens, seconds (default: the interval).",
     ),
 ]
+
+
+_LISTING = re.compile(r"^(?P<source>.+): \d+ problem\(s\):$")
+_PLACE = re.compile(r"^(?P<place>[^ ]+?(?::\d+)?): (?P<rest>.*)$")
+
+
+def error_lines(error: Exception) -> list[str]:
+    """An error as every command prints it: ``FILE: error: problem`` (``FILE:LINE: error:``
+    for a trace row), one line per problem; ``error: problem`` when no file is at fault.
+
+    Args:
+        error: a ``TideError`` or ``SimulationError``, whose message names the file first.
+
+    Returns:
+        The lines, none blank.
+    """
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    listing = _LISTING.match(lines[0]) if lines else None
+    if listing is not None:  # "FILE: N problem(s):" then "  - problem" lines
+        source = listing.group("source")
+        return [f"{source}: error: {line.strip().removeprefix('- ')}" for line in lines[1:]]
+    out = []
+    for line in lines:
+        match = _PLACE.match(line)
+        place = match.group("place") if match else ""
+        if match and Path(place.rsplit(":", 1)[0] if place[-1:].isdigit() else place).exists():
+            out.append(f"{place}: error: {match.group('rest')}")
+        elif line.startswith(("and ", "  ")) or " bad rows in all" in line:
+            out.append(line)  # the tail of a list of bad rows
+        else:
+            out.append(f"error: {line}")
+    return out
+
+
+def print_error(error: Exception) -> None:
+    """Print ``error`` as ``error_lines`` gives it (red ``error:``, no markup read in it)."""
+    for line in error_lines(error):
+        head, found, rest = line.partition("error: ")
+        text = Text(head)
+        if found:
+            text.append("error: ", style="red")
+            text.append(rest)
+        console.print(text, highlight=False, soft_wrap=True)
 
 
 def seed_list(text: str) -> list[int]:

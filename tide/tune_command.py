@@ -54,6 +54,7 @@ from tide.sim_options import (
     SkipOpt,
     console,
     long_trace_tip,
+    print_error,
     seed_list,
     seed_options,
     seeded_workloads,
@@ -415,7 +416,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"interrupted; finished trials are in {out / 'trials.csv'}")
             raise typer.Exit(130) from None
         except (SimulationError, TideError) as e:
-            console.print(f"[red]error:[/red] {e}")
+            print_error(e)
             raise typer.Exit(1) from e
         trials = result.trials
         if not trials:

@@ -307,7 +307,10 @@ def read_yaml_documents(path: str | Path) -> list[object]:
     try:
         return load_yaml_all(text)
     except yaml.YAMLError as error:
-        raise PolicyError(source, [yaml_problem(error)]) from error
+        problem = yaml_problem(error)
+        if Path(path).suffix.lower() == ".json":  # read as YAML, which JSON is; named as written
+            problem = problem.replace("invalid YAML", "invalid JSON", 1)
+        raise PolicyError(source, [problem]) from error
 
 
 def yaml_problem(error: yaml.YAMLError) -> str:

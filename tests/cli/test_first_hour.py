@@ -142,3 +142,71 @@ def test_the_bound_of_a_few_jobs_uses_a_grid_of_a_few_cells_per_job(
     assert bounds.jct_lower_bound_h(workload, BUILTIN_CLUSTER) > 0
     # A few thousand cells per job: the whole 50,000-cell grid took seconds on a few jobs.
     assert sizes and sizes[0] <= 3_000 * len(workload.jobs)
+
+
+TRACE_HEADER = "job_id,submit_s,replicas,duration_s\n"
+
+
+def test_a_trace_reports_every_bad_row_up_to_twenty_then_counts(tmp_path: Path) -> None:
+    rows = ["a,0,2,600"] + [f"b{i},{i},two,600" for i in range(25)] + ["c,5,1,-1"]
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE_HEADER + "\n".join(rows) + "\n")
+    result = runner.invoke(app, ["simulate", "--trace", str(trace), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith(f"{trace}:")]
+    # Lines 3 to 22: the first twenty bad rows (the header is line 1, the good row line 2).
+    assert [int(line.split(":")[1]) for line in lines] == list(range(3, 23))
+    assert "replicas: 'two' is not a whole number" in lines[0]
+    text = " ".join(result.output.split())
+    assert "and 6 more bad rows" in text
+    assert "26 bad rows in all; --skip-bad-rows replays the others" in text
+
+
+def test_skip_bad_rows_lists_each_skipped_row_in_the_report_and_on_screen(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE_HEADER + "a,0,2,600\nb,1,two,600\nc,2,1,-1\nd,3,1,600\n")
+    result = runner.invoke(
+        app,
+        [
+            *("simulate", "--trace", str(trace), "--skip-bad-rows", "--policies", "static"),
+            *("--no-bound", "--out", str(tmp_path / "o")),
+        ],
+        env=WIDE,
+    )
+    assert result.exit_code == 0, result.output
+    assert "skipped 2 bad trace row(s): line(s) 3, 4 (each with its reason in report.json" in (
+        words(result.output)
+    )
+    meta = json.loads((tmp_path / "o" / "report.json").read_text())["meta"]
+    assert meta["skipped_rows"] == 2
+    assert [s["line"] for s in meta["skipped"]] == [3, 4]
+    assert "'two' is not a whole number" in meta["skipped"][0]["problem"]
+    assert "duration" in meta["skipped"][1]["problem"]
+
+
+def test_every_command_prints_errors_as_file_colon_error(tmp_path: Path) -> None:
+    from tide.cli import app as tide_app
+
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes: 2\ngpus_per_node: 4\nqueues: [{name: a, wieght: 1}]\n")
+    observation = tmp_path / "o.json"
+    observation.write_text('{"time": 5,, }')
+    cases = [
+        (["simulate", "--cluster", str(cluster)], [
+            f"{cluster}: error: gpus_per_node: is now spelled 'gpusPerNode'",
+            f"{cluster}: error: queues[0].wieght: unknown key; did you mean 'weight'?",
+        ]),
+        (["tune", str(cluster)], [
+            f"{cluster}: error: nodes: unknown key; expected one of 'kind', 'method', 'trials', "
+            "'seed', 'objective', 'parameters', 'constraints'"
+        ]),
+        (["plan", "--observation", str(observation)], [
+            f"{observation}: error: line 1, column 12: invalid JSON: expected the node content, "
+            "but found ','"
+        ]),
+    ]  # fmt: skip
+    for args, lines in cases:
+        out = [] if args[0] == "plan" else ["--out", str(tmp_path / "o")]
+        result = runner.invoke(tide_app, [*args, *out], env=WIDE)
+        assert result.exit_code == 1, result.output
+        assert result.output.splitlines() == lines

@@ -643,7 +643,7 @@ def test_tune_takes_the_replay_options_of_simulate(
     args = ["tune", str(space), "--trace", str(trace), "--out", str(tmp_path / "o")]
     refused = runner.invoke(app, args)
     assert refused.exit_code == 1
-    assert f"{trace}:3: submit_s: 'oops' is not a number" in " ".join(refused.output.split())
+    assert f"{trace}:3: error: submit_s: 'oops' is not a number" in " ".join(refused.output.split())
     seen: dict[str, object] = {}
 
     class Stop(Exception):
