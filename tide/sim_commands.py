@@ -22,6 +22,7 @@ from tide.sim_options import (
     DEFAULT_DURATION_H,
     ClusterOpt,
     DurationOpt,
+    EndOpt,
     FormatOpt,
     HorizonOpt,
     JsonOpt,
@@ -36,6 +37,7 @@ from tide.sim_options import (
     SeedsOpt,
     SimWorkersOpt,
     SkipOpt,
+    StartOpt,
     TraceOpt,
     chosen_seeds,
     console,
@@ -59,6 +61,8 @@ def _seeded_setup(
     load: float,
     skip_bad_rows: bool,
     options: Callable[[int], RunOptions],
+    start_h: float = 0.0,
+    end_h: float | None = None,
 ) -> tuple[list[Seeded], ClusterSpec]:
     """The cluster, and each seed's workload and run options (``seed_options``)."""
     cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
@@ -72,6 +76,8 @@ def _seeded_setup(
         load=load,
         skip_bad_rows=skip_bad_rows,
         options=options,
+        start_h=start_h,
+        end_h=end_h,
     )
     return seeded, cluster
 
@@ -133,6 +139,8 @@ def register(app: typer.Typer) -> None:
         seeds: SeedsOpt = None,
         duration_h: DurationOpt = DEFAULT_DURATION_H,
         load: LoadOpt = DEFAULT_LOAD,
+        start_h: StartOpt = 0.0,
+        end_h: EndOpt = None,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
         node_mtbf_h: MtbfOpt = None,
@@ -156,6 +164,8 @@ def register(app: typer.Typer) -> None:
                 duration_h=duration_h,
                 load=load,
                 skip_bad_rows=skip_bad_rows,
+                start_h=start_h,
+                end_h=end_h,
                 options=seed_options(
                     horizon_h=horizon_h, mtbf_h=node_mtbf_h, outage_h=outage_h, quiet_s=quiet_s
                 ),
@@ -189,6 +199,8 @@ def register(app: typer.Typer) -> None:
         seeds: SeedsOpt = None,
         duration_h: DurationOpt = DEFAULT_DURATION_H,
         load: LoadOpt = DEFAULT_LOAD,
+        start_h: StartOpt = 0.0,
+        end_h: EndOpt = None,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
         node_mtbf_h: MtbfOpt = None,
@@ -211,6 +223,8 @@ def register(app: typer.Typer) -> None:
                 duration_h=duration_h,
                 load=load,
                 skip_bad_rows=skip_bad_rows,
+                start_h=start_h,
+                end_h=end_h,
                 options=seed_options(
                     horizon_h=horizon_h, mtbf_h=node_mtbf_h, outage_h=outage_h, quiet_s=quiet_s
                 ),

@@ -23,8 +23,10 @@ from simulations.api import (
     detect_format,
     load_workload,
     policy_queue_warnings,
+    time_window,
 )
 from simulations.cluster_config import ClusterSpec
+from simulations.errors import SimulationError
 from simulations.faults import FaultOptions
 from simulations.run import RunOptions
 from simulations.workload import DEFAULT_DURATION_S, DEFAULT_LOAD, Workload
@@ -67,6 +69,23 @@ LoadOpt = Annotated[
         "--load",
         help="Offered load of the built-in workload: GPUs its jobs ask for, averaged over the "
         f"window, as a share of the cluster's (default {DEFAULT_LOAD:g}, a busy cluster).",
+    ),
+]
+StartOpt = Annotated[
+    float,
+    typer.Option(
+        "--start",
+        min=0,
+        help="Replay only the trace's jobs submitted from this hour on (hours from the trace's "
+        "start; the replay starts there).",
+    ),
+]
+EndOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--end",
+        help="Replay only the trace's jobs submitted before this hour (hours from the trace's "
+        "start), e.g. --end 168 for its first week.",
     ),
 ]
 HorizonOpt = Annotated[
@@ -320,16 +339,26 @@ def seeded_workloads(
     load: float,
     skip_bad_rows: bool,
     options: Callable[[int], RunOptions],
+    start_h: float = 0.0,
+    end_h: float | None = None,
 ) -> list[Seeded]:
     """Each seed's workload (``trace``, or the built-in workload's draw when it is None) with
-    that seed's run options (its measurement noise and faults).
+    that seed's run options (its measurement noise and faults); of a trace, only the jobs
+    submitted between ``start_h`` and ``end_h`` (``time_window``).
 
     Philly and ITP traces give each job an elasticity and a job type by seed, so they are read
     once per seed; the other formats' jobs are the same whatever the seed, so they are read once.
     """
 
+    if trace is None and (start_h or end_h is not None):
+        raise SimulationError(
+            "--start/--end select a window of a --trace; the built-in workload's window is "
+            "--duration"
+        )
+    window = start_h > 0 or end_h is not None
+
     def read(seed: int) -> Workload:
-        return load_workload(
+        workload = load_workload(
             trace=trace,
             trace_format=fmt,
             member=member,
@@ -339,6 +368,11 @@ def seeded_workloads(
             cluster_gpus=cluster.total_gpus,
             skip_bad_rows=skip_bad_rows,
             gpus_per_node=cluster.gpus_per_node,
+        )
+        if not window:
+            return workload
+        return time_window(
+            workload, start_s=start_h * 3600, end_s=None if end_h is None else end_h * 3600
         )
 
     seed_free = trace is not None and (

@@ -43,6 +43,7 @@ from tide.sim_options import (
     DEFAULT_DURATION_H,
     ClusterOpt,
     DurationOpt,
+    EndOpt,
     FormatOpt,
     HorizonOpt,
     LoadOpt,
@@ -52,6 +53,7 @@ from tide.sim_options import (
     OutageOpt,
     QuietOpt,
     SkipOpt,
+    StartOpt,
     console,
     long_trace_tip,
     print_error,
@@ -75,6 +77,8 @@ def _tune_workloads(
     load: float,
     skip_bad_rows: bool,
     options: Callable[[int], RunOptions],
+    start_h: float = 0.0,
+    end_h: float | None = None,
 ) -> list[Seeded]:
     """What every trial of ``tide tune`` runs on: each trace, or the built-in workload's draw,
     at each seed. Each runs with its seed's measurement noise and faults (and, on Philly and
@@ -102,6 +106,8 @@ def _tune_workloads(
             load=load,
             skip_bad_rows=skip_bad_rows,
             options=options,
+            start_h=start_h,
+            end_h=end_h,
         )
     ]
 
@@ -321,6 +327,8 @@ def register(app: typer.Typer) -> None:
         ] = None,
         duration_h: DurationOpt = DEFAULT_DURATION_H,
         load: LoadOpt = DEFAULT_LOAD,
+        start_h: StartOpt = 0.0,
+        end_h: EndOpt = None,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
         node_mtbf_h: MtbfOpt = None,
@@ -358,6 +366,8 @@ def register(app: typer.Typer) -> None:
                 load=load,
                 skip_bad_rows=skip_bad_rows,
                 options=options,
+                start_h=start_h,
+                end_h=end_h,
             )
             long_trace_tip([one.workload for one in seeded], quiet_s)
             if len(seeded) == 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -210,3 +211,48 @@ def test_every_command_prints_errors_as_file_colon_error(tmp_path: Path) -> None
         result = runner.invoke(tide_app, [*args, *out], env=WIDE)
         assert result.exit_code == 1, result.output
         assert result.output.splitlines() == lines
+
+
+def test_start_and_end_replay_a_window_of_the_trace(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    rows = [f"j{h},{h * 3600},1,600" for h in range(10)]  # one job submitted each hour
+    trace.write_text(TRACE_HEADER + "\n".join(rows) + "\n")
+    out = tmp_path / "o"
+    args = ["simulate", "--trace", str(trace), "--policies", "static", "--no-bound"]
+    result = runner.invoke(app, [*args, "--start", "2", "--end", "5", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    with (out / "jobs.csv").open() as f:
+        jobs = list(csv.DictReader(f))
+    # Hours 2, 3 and 4, shifted so that the window starts at 0.
+    assert [(r["job"], float(r["submit_h"])) for r in jobs] == [
+        ("j2", 0.0), ("j3", 1.0), ("j4", 2.0)
+    ]  # fmt: skip
+    meta = json.loads((out / "report.json").read_text())["meta"]
+    assert meta["workload"] == "t[2-5h]" and meta["jobs"] == 3
+
+
+@pytest.mark.parametrize(
+    ("window", "message"),
+    [
+        (["--start", "5", "--end", "3"], "--end 3 h must be after --start 5 h"),
+        (["--start", "20"], "t: no job is submitted in the window 20-h (--start/--end); its "
+         "submissions span 0-9.0 h"),
+    ],
+    ids=["end-before-start", "empty-window"],
+)  # fmt: skip
+def test_a_window_that_holds_nothing_is_an_error(
+    tmp_path: Path, window: list[str], message: str
+) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE_HEADER + "\n".join(f"j{h},{h * 3600},1,600" for h in range(10)))
+    result = runner.invoke(
+        app, ["simulate", "--trace", str(trace), *window, "--out", str(tmp_path / "o")], env=WIDE
+    )
+    assert result.exit_code == 1, result.output
+    assert message in words(result.output)
+
+
+def test_a_window_needs_a_trace(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["simulate", "--end", "5", "--out", str(tmp_path / "o")], env=WIDE)
+    assert result.exit_code == 1
+    assert "--start/--end select a window of a --trace" in words(result.output)
