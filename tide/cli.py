@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
+from typer.core import TyperArgument, TyperOption
 
 from scheduler_policy.adapters.observation_file import (
     example_observation_path,
@@ -31,6 +34,56 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+# What a value of each option is, in the help (`--duration HOURS`): typer would print each
+# parameter's Python type instead (`<float>`, `<list[Path]>`, and `<bool>` after every flag).
+METAVARS = {
+    "--trace": "FILE", "--format": "FORMAT", "--member": "NAME", "--cluster": "FILE",
+    "--policy": "FILE", "--policies": "LIST", "--seed": "N", "--seeds": "0,1,2",
+    "--duration": "HOURS", "--load": "SHARE", "--start": "HOURS", "--end": "HOURS",
+    "--horizon": "HOURS", "--node-mtbf": "HOURS", "--metrics-outage-every": "HOURS",
+    "--quiet-interval": "SECONDS", "--workers": "N", "--out": "DIR", "--json": "PATH",
+    "--observation": "FILE",
+}  # fmt: skip
+
+
+def _help_type(param: TyperArgument | TyperOption, ctx: click.Context) -> str | None:
+    """The help's type column: a flag has none, an argument's name says it (``PATH...``), an
+    option shows what its value is (``METAVARS``)."""
+    if isinstance(param, TyperArgument):
+        return None
+    if param.is_flag or param.count:
+        return None
+    long = next((o for o in param.opts if o.startswith("--")), "")
+    return param.metavar or METAVARS.get(long) or (param.name or "value").upper()
+
+
+# typer (0.29) has no setting for this; its two parameter classes take the column from here.
+TyperArgument.display_type_rich = _help_type  # type: ignore[method-assign,assignment]
+TyperOption.display_type_rich = _help_type  # type: ignore[method-assign,assignment]
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            version = importlib.metadata.version("tide")
+        except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+            version = "unknown (not installed)"
+        typer.echo(f"tide {version}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print tide's version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Elastic GPU autoscaling for Volcano: plan, validate and simulate scaling policies."""
+
+
 policy_commands.register(app)
 sim_commands.register(app)
 tune_command.register(app)

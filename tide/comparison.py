@@ -295,6 +295,8 @@ def run_comparison(
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        # Piped or redirected, a bar has nothing to show and would leave a blank first line.
+        disable=not console.is_terminal,
         # No refresh thread while worker processes are forked: a fork copies the locks another
         # thread holds, and the bar moves at each finished run anyway.
         auto_refresh=not parallel,
@@ -340,7 +342,8 @@ def run_comparison(
         else [math.nan] * len(seeded)
     )
     if len(seeded) == 1:
-        _print_one(console, summaries, first, cluster, bounds[0])
+        resizing = {run.label: run.kind != "static" for run in runs}
+        _print_one(console, summaries, first, cluster, bounds[0], resizing)
     else:
         _print_seeds(console, summaries, seeds, seeded, cluster, bounds, reference=runs[0].label)
     for summary, seed in zip(summaries, seeds, strict=True):
@@ -381,10 +384,15 @@ def run_comparison(
     except ImportError as e:
         console.print(
             f"report and jobs.csv (every job under every policy) in {out_dir}; no plots: "
-            f"{e.name} is not installed (pip install 'tide[plots]')"
+            f"{e.name} is not installed (pip install 'tide\\[plots]')"
         )
         return summaries
-    plots = plot_all(results, out_dir, seeds=[one.seed for one in seeded])
+    plots = plot_all(
+        results,
+        out_dir,
+        seeds=[one.seed for one in seeded],
+        subject=f"{_name(seeded)} on {cluster.name}, {cluster.total_gpus} GPUs",
+    )
     of_seed = (
         f" (the JCT CDF of every seed's jobs, the others of seed {first.seed})"
         if len(seeded) > 1
@@ -395,6 +403,31 @@ def run_comparison(
         f"in {out_dir}"
     )
     return summaries
+
+
+def resize_lines(summaries: Sequence[Summary], *, resizing: dict[str, bool]) -> list[str]:
+    """Where a policy that never resizes a job shows rescales, what they were: Volcano placing
+    a job's pods above its ``minAvailable`` as GPUs free up (each a restart of its workers), and
+    reclaim's kills.
+
+    Args:
+        summaries: one per policy.
+        resizing: per policy label, whether the policy resizes jobs itself.
+    """
+    lines = []
+    for s in summaries:
+        if resizing.get(s.policy, True) or not s.rescales:
+            continue
+        others = s.rescales - s.late_pods
+        rest = f", {others} requeue(s) after a kill or a node failure" if others else ""
+        lines.append(
+            f"{s.policy} resizes no job: its {s.rescales} rescales are Volcano placing jobs' "
+            f"pods above minAvailable as GPUs free up ({s.late_pods}, each a restart of the "
+            f"job's workers: {s.restart_gpu_hours:.2f} GPU-h){rest}; pods were killed "
+            f"{s.kills} time(s), by reclaim or node failures ({s.killed_gpu_hours:.2f} GPU-h "
+            "of work lost)"
+        )
+    return lines
 
 
 def skipped_line(workload: Workload) -> str:
@@ -421,6 +454,7 @@ def _print_one(
     one: Seeded,
     cluster: ClusterSpec,
     bound_h: float,
+    resizing: dict[str, bool],
 ) -> None:
     workload = one.workload
     print_fitted(
@@ -432,6 +466,8 @@ def _print_one(
         ),
     )
     console.print(idle_line(summaries))
+    for line in resize_lines(summaries, resizing=resizing):
+        console.print(line)
     if workload.skipped_rows:
         console.print(skipped_line(workload))
     if math.isnan(bound_h):

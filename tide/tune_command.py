@@ -294,7 +294,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command(name="tune")
     def tune_command(
-        space_file: Annotated[Path, typer.Argument(help="Search space (YAML).")],
+        space_file: Annotated[
+            Path, typer.Argument(help="Search space (YAML).", metavar="SPACE.yaml")
+        ],
         traces: Annotated[
             list[Path] | None,
             typer.Option(
@@ -389,6 +391,7 @@ def register(app: typer.Typer) -> None:
                 TimeElapsedColumn(),
                 console=console,
                 auto_refresh=False,  # no refresh thread while worker processes are forked
+                disable=not console.is_terminal,  # piped: no bar frozen halfway in the file
             ) as progress:
                 # The base policy runs as well as every candidate.
                 task = progress.add_task("tune", total=planned + 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -256,3 +257,85 @@ def test_a_window_needs_a_trace(tmp_path: Path) -> None:
     result = runner.invoke(app, ["simulate", "--end", "5", "--out", str(tmp_path / "o")], env=WIDE)
     assert result.exit_code == 1
     assert "--start/--end select a window of a --trace" in words(result.output)
+
+
+def test_tide_version() -> None:
+    from tide.cli import app as tide_app
+
+    result = runner.invoke(tide_app, ["--version"])
+    assert result.exit_code == 0
+    assert re.fullmatch(r"tide \S+\n", result.output)
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare", "tune", "plan", "validate"])
+def test_help_shows_what_values_are_not_python_types(command: str) -> None:
+    from tide.cli import app as tide_app
+
+    result = runner.invoke(tide_app, [command, "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert not re.search(r"<(bool|int|float|str|path|list\[\w+\])[^>]*>", result.output)
+    if command == "simulate":
+        assert re.search(r"--duration\s+HOURS", result.output)
+
+
+def test_simulate_without_matplotlib_writes_the_report_and_says_plots_were_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    # A None entry makes `import matplotlib` (and simulations.plots, which needs it) fail.
+    for name in [m for m in sys.modules if m.split(".")[0] == "matplotlib"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.delitem(sys.modules, "simulations.plots", raising=False)
+    out = tmp_path / "o"
+    result = runner.invoke(
+        app,
+        ["simulate", "--policies", "static", "--duration", "1", "--no-bound", "--out", str(out)],
+        env=WIDE,
+    )
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in out.iterdir()} == {"report.json", "jobs.csv"}
+    assert "no plots: matplotlib is not installed (pip install 'tide[plots]')" in words(
+        result.output
+    )
+
+
+def test_output_to_a_file_starts_with_the_table_not_a_blank_line(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    result = runner.invoke(
+        app,
+        ["simulate", "--policies", "static", "--duration", "1", "--no-bound", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0].strip().startswith("builtin-seed0")
+
+
+def test_static_says_its_rescales_are_volcano_placing_pods_late(tmp_path: Path) -> None:
+    # Elastic jobs asking for more pods than the free GPUs: Volcano starts each gang at its
+    # minimum and places the rest as GPUs free up, a restart each time, under static too.
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,submit_s,replicas,duration_s,elastic,min_replicas,max_replicas,queue\n"
+        "a/1,0,24,3600,true,4,24,research\na/2,0,16,1800,true,4,16,research\n"
+    )
+    result = runner.invoke(
+        app,
+        [
+            *("simulate", "--trace", str(trace), "--policies", "static", "--no-bound"),
+            *("--out", str(tmp_path / "o"), "--json", str(tmp_path / "r.json")),
+        ],
+        env=WIDE,
+    )
+    assert result.exit_code == 0, result.output
+    (static,) = json.loads((tmp_path / "r.json").read_text())["summaries"]
+    assert static["rescales"] == static["late_pods"] > 0 and static["kills"] == 0
+    assert (
+        f"static resizes no job: its {static['rescales']} rescales are Volcano placing jobs' "
+        f"pods above minAvailable as GPUs free up ({static['late_pods']}, each a restart"
+    ) in words(result.output)
+
+
+def test_every_output_folder_of_tide_is_ignored_by_git() -> None:
+    ignored = (Path(__file__).resolve().parents[2] / ".gitignore").read_text().split()
+    assert "tide-*-out/" in ignored  # tide-sim-out, tide-compare-out, tide-tune-out
