@@ -93,7 +93,7 @@ def _collect(
     build: Callable[[int, Row], WorkloadJob],
 ) -> Workload:
     jobs: list[WorkloadJob] = []
-    skipped = 0
+    bad: list[tuple[int, str]] = []
     for line, row in rows:
         try:
             job = build(line, row)
@@ -101,14 +101,37 @@ def _collect(
             if problems:
                 raise ValueError("; ".join(problems))
         except (KeyError, ValueError, TypeError) as e:
-            if skip_bad_rows:
-                skipped += 1
-                continue
-            detail = f"missing column {e}" if isinstance(e, KeyError) else str(e)
-            raise TraceError(where, line, detail) from e
+            bad.append((line, f"missing column {e}" if isinstance(e, KeyError) else str(e)))
+            continue
         jobs.append(job)
+    if bad and not skip_bad_rows:
+        raise bad_rows_error(where, bad)
     jobs.sort(key=lambda j: j.submit_s)
-    return Workload(name=name, jobs=tuple(jobs), skipped_rows=skipped)
+    return Workload(name=name, jobs=tuple(jobs), skipped_rows=len(bad), skipped=tuple(bad))
+
+
+MAX_BAD_ROWS_SHOWN = 20
+"""Bad rows an error lists one by one; the rest are counted ("and N more")."""
+
+
+def bad_rows_error(where: str, bad: list[tuple[int, str]]) -> TraceError:
+    """One error for every bad row of a trace: the first ``MAX_BAD_ROWS_SHOWN``, each as
+    ``file:line: problem``, then how many more, so that a file is fixed in one pass.
+
+    Args:
+        where: the trace, as messages name it.
+        bad: ``(line, problem)`` of each bad row, in file order (at least one).
+
+    Returns:
+        The error, naming the first bad row as its line.
+    """
+    (line, problem), rest = bad[0], bad[1:MAX_BAD_ROWS_SHOWN]
+    text = problem + "".join(f"\n{where}:{n}: {p}" for n, p in rest)
+    if len(bad) > MAX_BAD_ROWS_SHOWN:
+        text += f"\nand {len(bad) - MAX_BAD_ROWS_SHOWN} more bad rows"
+    if len(bad) > 1:
+        text += f"\n{len(bad)} bad rows in all; --skip-bad-rows replays the others"
+    return TraceError(where, line, text)
 
 
 def _read(path: Path) -> str:

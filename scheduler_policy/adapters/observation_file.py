@@ -2,7 +2,8 @@
 
 The format mirrors the dataclasses in ``vocabulary.state`` with camelCase keys::
 
-    time: 1700000000               # the decision time, seconds since the epoch
+    time: 1700000000               # the decision time, seconds since the epoch (required)
+    clusterGpus: 48                # optional: the cluster's allocatable GPUs, to check the rest
     clusterFreeGpus: 6
     metricsFresh: true             # false: the cluster- or queue-level figures are stale
     queues:
@@ -56,7 +57,7 @@ from scheduler_policy.vocabulary.state import (
     ThroughputPoint,
 )
 
-_TOP = ("time", "clusterFreeGpus", "metricsFresh", "queues", "jobs")
+_TOP = ("time", "clusterGpus", "clusterFreeGpus", "metricsFresh", "queues", "jobs")
 _QUEUE = (
     "name", "capabilityGpus", "deservedGpus", "guaranteeGpus", "allocatedGpus",
     "pendingNonelasticGpus",
@@ -74,6 +75,13 @@ def _count(value: object, path: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{path}: must be a non-negative integer, got {show(value)}")
     return value
+
+
+def _positive(value: object, path: str) -> float:
+    number = finite_number(value, path)
+    if number <= 0:
+        raise ValueError(f"{path}: must be > 0, got {show(value)}")
+    return number
 
 
 def _phase(value: object, path: str) -> JobPhase:
@@ -111,6 +119,8 @@ def _point(value: object, path: str, problems: list[str]) -> ThroughputPoint | N
     p = section(value, path=path, allowed=_POINT, problems=problems)
     if p is None:
         return None
+    if "time" not in p.mapping:
+        problems.append(f"{path}.time: is required (when the sample was taken, seconds)")
     return ThroughputPoint(
         time_s=p.get("time", 0.0, non_negative),
         replicas=p.get("replicas", 1, _count),
@@ -129,7 +139,7 @@ def _job(value: object, path: str, problems: list[str]) -> JobState | None:
     job = JobState(
         key=JobKey(j.get("key", "", nonempty_string)),
         queue=QueueName(j.get("queue", "", nonempty_string)),
-        gpus_per_replica=j.get("gpusPerReplica", 1.0, finite_number),
+        gpus_per_replica=j.get("gpusPerReplica", 1.0, _positive),
         min_replicas=j.get("minReplicas", 1, _count),
         max_replicas=j.get("maxReplicas", 1, _count),
         current_replicas=j.get("currentReplicas", 1, _count),
@@ -182,6 +192,41 @@ def _refuse_duplicates(
             first[name] = path
 
 
+def _check_against_time_and_size(
+    top: Section,
+    jobs: list[JobState | None],
+    job_items: list[tuple[str, object]],
+    queues: list[QueueState | None],
+    problems: list[str],
+) -> None:
+    """What no field says alone: a throughput sample after the observation's time (from the
+    future: a clock or unit mix-up), and free or allocated GPUs above ``clusterGpus``."""
+    scratch: list[str] = []  # the fields' own problems are reported where they are read
+    now = Section(top.mapping, top.path, scratch).get("time", None, non_negative)
+    if now is not None:
+        for (path, _), job in zip(job_items, jobs, strict=True):
+            for i, point in enumerate(job.throughput_history if job is not None else ()):
+                if point.time_s > now:
+                    problems.append(
+                        f"{path}.throughput[{i}].time: {point.time_s:g} is after the "
+                        f"observation's time {now:g} (a sample from the future)"
+                    )
+    total = Section(top.mapping, top.path, scratch).get("clusterGpus", None, non_negative)
+    free = Section(top.mapping, top.path, scratch).get("clusterFreeGpus", None, non_negative)
+    if total is None:
+        return
+    if free is not None and free > total:
+        problems.append(
+            f"clusterFreeGpus: {free:g} is above the cluster's {total:g} GPUs (clusterGpus)"
+        )
+    allocated = sum(q.allocated_gpus for q in queues if q is not None)
+    if free is not None and free <= total and free + allocated > total:
+        problems.append(
+            f"clusterFreeGpus: {free:g} free and {allocated:g} allocated to queues add up to "
+            f"more than the cluster's {total:g} GPUs (clusterGpus)"
+        )
+
+
 def parse_observation(data: object, *, source: str) -> Observation:
     """Build an observation from parsed YAML or JSON.
 
@@ -216,6 +261,9 @@ def parse_observation(data: object, *, source: str) -> Observation:
         "job",
         problems,
     )
+    if "time" not in top.mapping:
+        problems.append("time: is required (the decision time, seconds since the epoch)")
+    _check_against_time_and_size(top, jobs, job_items, queues, problems)
     observation = Observation(
         time_s=top.get("time", 0.0, non_negative),
         queues=tuple(q for q in queues if q is not None),

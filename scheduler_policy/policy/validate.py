@@ -150,7 +150,7 @@ def _policy_warnings(policy: ElasticPolicy) -> list[str]:
         if not queue.elastic and queue.borrow:
             warnings.append(
                 f"spec.queues[{index}].borrowIdleGpus: has no effect on a queue with "
-                "elastic: false, got True"
+                "elastic: false, got true"
             )
     return warnings
 

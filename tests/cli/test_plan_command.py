@@ -1,96 +1,80 @@
-"""``tide plan`` on observation files with a per-job metrics verdict."""
+"""``tide plan``: reasons and messages whole at any width and in a file; JSON carries more."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from typer.testing import CliRunner
 
-from tide.cli import app
+from scheduler_policy.adapters.observation_file import (
+    example_observation_path,
+    example_policy_path,
+    load_observation,
+)
+from scheduler_policy.policy.file import load_policy
+from tide.cli import app, plan_observation
 
-POLICY = """\
-apiVersion: tide.io/v1alpha1
-kind: ElasticPolicy
-metadata: {name: test}
-spec:
-  defaults: {cooldown: 0s, tolerance: 0, restartCost: 0s}
-  queues: [{name: research}]
-"""
-
-
-def observation(**stale_job: object) -> dict:
-    def job(name: str, **extra: object) -> dict:
-        return {
-            "key": f"team/{name}", "queue": "research", "gpusPerReplica": 1, "minReplicas": 1,
-            "maxReplicas": 8, "currentReplicas": 2, "phase": "Running", "elastic": True,
-            "throughput": [{"time": 1699999000 + i, "replicas": n, "samplesPerS": 100 * n}
-                           for i, n in enumerate((1, 2))],
-            **extra,
-        }  # fmt: skip
-
-    return {
-        "time": 1700000000,
-        "clusterFreeGpus": 4,
-        "queues": [{"name": "research", "capabilityGpus": 16}],
-        "jobs": [job("stale", **stale_job), job("fresh")],
-    }
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def plan(tmp_path: Path, data: dict, *args: str):
-    (tmp_path / "obs.yaml").write_text(yaml.safe_dump(data), encoding="utf-8")
-    (tmp_path / "policy.yaml").write_text(POLICY, encoding="utf-8")
-    return CliRunner().invoke(
-        app, ["plan", "-o", str(tmp_path / "obs.yaml"), "-p", str(tmp_path / "policy.yaml"), *args]
+def expected_decisions() -> list[tuple[str, str, str]]:
+    plan = plan_observation(
+        observation=load_observation(example_observation_path()),
+        policy=load_policy(example_policy_path()),
     )
+    assert plan.decisions  # the example has something to show
+    return [(d.job, d.reason.value, d.message) for d in plan.decisions]
 
 
-@pytest.mark.parametrize(
-    ("stale_job", "says"),
-    [
-        ({"metricsFresh": False, "staleReason": "samples counter absent for 10m"},
-         "samples counter absent for 10m"),
-        ({"metricsFresh": False}, "the metrics source marked them stale"),
-    ],
-    ids=["with-a-reason", "without-a-reason"],
-)  # fmt: skip
-def test_a_stale_job_holds_while_the_fresh_one_scales_up(tmp_path, stale_job, says):
-    result = plan(tmp_path, observation(**stale_job), "--json")
+@pytest.mark.parametrize("columns", ["60", "80", "200"], ids=["60-columns", "80", "wide"])
+def test_every_reason_and_message_is_whole_at_any_width(columns: str) -> None:
+    result = runner.invoke(app, ["plan"], env={"COLUMNS": columns})
     assert result.exit_code == 0, result.output
-    decisions = {d["job"]: d for d in json.loads(result.output)}
-    stale, fresh = decisions["team/stale"], decisions["team/fresh"]
-    assert (stale["target_replicas"], stale["reason"]) == (2, "HoldMetricsStale")
-    assert "team/stale" in stale["message"] and says in stale["message"]
-    assert (fresh["target_replicas"], fresh["reason"]) == (6, "ScaleUpForIdleGpus")
+    lines = result.output.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= int(columns)
+    text = " ".join(result.output.split())
+    for job, reason, message in expected_decisions():
+        assert any(line.split()[:1] == [job] and reason in line.split() for line in lines)
+        assert " ".join(message.split()) in text, message
+    assert "…" not in result.output
 
 
-def test_the_table_shows_the_stale_reason(tmp_path):
-    data = observation(metricsFresh=False, staleReason="throughput series absent")
-    result = plan(tmp_path, data)
+def test_a_plan_redirected_to_a_file_loses_no_word(tmp_path: Path) -> None:
+    target = tmp_path / "plan.txt"
+    with target.open("w") as f:  # not a terminal: rich's 80 columns
+        subprocess.run(
+            [sys.executable, "-m", "tide", "plan"], stdout=f, check=True, cwd=ROOT, env={
+                "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"
+            },
+        )  # fmt: skip
+    text = target.read_text()
+    words = " ".join(text.split())
+    for _, reason, message in expected_decisions():
+        assert reason in text.split()
+        assert " ".join(message.split()) in words
+    assert "…" not in text
+
+
+def test_plan_json_carries_the_queues_budgets_headroom_and_forecast() -> None:
+    result = runner.invoke(app, ["plan", "--json"])
     assert result.exit_code == 0, result.output
-    assert "HoldMetricsStale" in result.output and "ScaleUpForIdleGpus" in result.output
-    assert "absent" in result.output
-
-
-def test_both_fresh_both_grow(tmp_path):
-    result = plan(tmp_path, observation(), "--json")
-    assert {d["reason"] for d in json.loads(result.output)} == {"ScaleUpForIdleGpus"}
-
-
-@pytest.mark.parametrize(
-    ("stale_job", "error"),
-    [
-        ({"throughput": [{"time": 1, "replicas": 2, "samplesPerS": float("nan")}]},
-         "jobs[0].throughput[0].samplesPerS"),
-        ({"metricsFresh": "no"}, "jobs[0].metricsFresh"),
-        ({"staleReason": "late"}, "jobs[0].staleReason: given for a job whose metricsFresh"),
-        ({"metricsFresh": False, "staleReason": 3}, "jobs[0].staleReason: must be a sentence"),
-    ],
-    ids=["nan-throughput", "fresh-not-a-boolean", "reason-without-stale", "reason-not-text"],
-)  # fmt: skip
-def test_a_bad_verdict_or_a_nan_is_a_clear_error(tmp_path, stale_job, error):
-    result = plan(tmp_path, observation(**stale_job))
-    assert result.exit_code == 1
-    assert error in " ".join(result.output.split())
+    doc = json.loads(result.output)
+    assert [(d["job"], d["reason"], d["message"]) for d in doc["decisions"]] == (
+        expected_decisions()
+    )
+    policy = load_policy(example_policy_path())
+    observed = {q.name for q in load_observation(example_observation_path()).queues}
+    managed = [q.name for q in policy.queues if q.name in observed]
+    assert [q["queue"] for q in doc["queues"]] == managed
+    for queue in doc["queues"]:
+        assert 0 <= queue["elastic_budget_gpus"] <= queue["limit_gpus"]
+        assert queue["headroom_gpus"] >= queue["headroom"]["fixed_gpus"]
+        assert set(queue["headroom"]) == {
+            "fixed_gpus", "forecast_gpus", "forecast_quantile", "forecast_horizon_s"
+        }  # fmt: skip
+        assert queue["headroom"]["forecast_gpus"] >= 0

@@ -115,12 +115,12 @@ JOB_CASES = [
      ["metadata.annotations[\"tide.io/min-replicas\"]: must be a non-negative integer, "
       "got 'two'"], []),
     (make_job(annotations={"tide.io/elastic": True}),
-     ["metadata.annotations[\"tide.io/elastic\"]: must be a string (quote it in YAML), got True"],
+     ["metadata.annotations[\"tide.io/elastic\"]: must be a string (quote it in YAML), got true"],
      []),
     (make_job(tasks=[make_task("master", 1), make_task("worker", "four", min_available=1)]),
      ["spec.tasks[1].replicas: must be a non-negative integer, got 'four'"], []),
     ({"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "x"}},
-     ["spec: must be a mapping, got None"], []),
+     ["spec: must be a mapping, got null"], []),
     (make_job(tasks=[]), ["spec.tasks: must be a non-empty list of tasks, got []"], []),
 ]  # fmt: skip
 JOB_IDS = [
@@ -169,7 +169,7 @@ def test_check_job_reports_several_problems_at_once() -> None:
         ([{**POLICY_DOC, "spec": {"queues": [{"name": "prod", "elastic": False,
                                               "borrowIdleGpus": True}]}}], [],
          ["spec.queues[0].borrowIdleGpus: has no effect on a queue with elastic: false, "
-          "got True"]),
+          "got true"]),
         ([POLICY_DOC, make_job()],
          ["document 1: an ElasticPolicy file must hold exactly one YAML document, found 2"], []),
         ([make_job(), make_job(min_available=9)],
