@@ -64,7 +64,7 @@ def queue_views(
         One view per queue of the observation that the policy manages, in the observation's
         order.
     """
-    ready, _ = triage(observation, policy)
+    ready = triage(observation, policy).ready
     forecasts: dict[QueueName, float] = {}
     for queue in observation.queues:
         queue_policy = policy.queue(queue.name)

@@ -29,6 +29,9 @@ def print_reports(reports: list[FileReport], *, console: Console) -> None:
         console: where to print.
     """
     for report in reports:
+        if report.skipped is not None:
+            console.print(Text.assemble(("SKIP", "bold"), f" {report.path} ({report.skipped})"))
+            continue
         if not report.errors and not report.warnings:
             console.print(Text.assemble(("OK", "bold green"), f" {report.path}"))
             continue
@@ -61,11 +64,12 @@ def _tide_file(path: Path) -> str | None:
     return None
 
 
-def validate_one(path: Path) -> FileReport:
+def validate_one(path: Path, *, other_kinds_ok: bool = False) -> FileReport:
     """Validate one file tide reads: a policy, Volcano Jobs, a cluster file or a search space.
 
     Args:
         path: the file.
+        other_kinds_ok: see ``validate_file``: true for the files found in a directory.
 
     Returns:
         Its report.
@@ -84,7 +88,7 @@ def validate_one(path: Path) -> FileReport:
             problem = str(e).removeprefix(f"{path}: ")
             return FileReport(path=path, errors=(problem,))
         return FileReport(path=path)
-    return validate_file(path)
+    return validate_file(path, other_kinds_ok=other_kinds_ok)
 
 
 def validate_all(paths: list[Path]) -> list[FileReport]:
@@ -105,7 +109,7 @@ def validate_all(paths: list[Path]) -> list[FileReport]:
         files = sorted(p for p in path.rglob("*") if p.suffix in YAML_SUFFIXES and p.is_file())
         if not files:
             reports.append(FileReport(path=path, errors=("directory holds no .yaml or .yml file",)))
-        reports.extend(validate_one(file) for file in files)
+        reports.extend(validate_one(file, other_kinds_ok=True) for file in files)
     return reports
 
 

@@ -35,11 +35,14 @@ class FileReport:
         path: the file.
         errors: problems the engine or Volcano would refuse, each naming its path and value.
         warnings: settings that are accepted but work against elastic scaling.
+        skipped: why nothing in the file was checked (only other Kubernetes kinds, found while
+            searching a directory), or None.
     """
 
     path: Path
     errors: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    skipped: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -159,12 +162,25 @@ def _kind(document: Mapping[str, object]) -> tuple[object, object]:
     return document.get("apiVersion"), document.get("kind")
 
 
-def validate_file(path: Path) -> FileReport:
+def _prometheus_rules(document: Mapping[str, object]) -> bool:
+    """Whether a document is a plain Prometheus rules file: only ``groups``, each with ``rules``."""
+    groups = document.get("groups")
+    return (
+        set(document) == {"groups"}
+        and isinstance(groups, list)
+        and all(isinstance(g, Mapping) and "rules" in g for g in groups)
+    )
+
+
+def validate_file(path: Path, *, other_kinds_ok: bool = False) -> FileReport:
     """Validate one file: a single ElasticPolicy, or one or more Volcano Jobs (other Kubernetes
-    kinds beside them are passed over; a file with nothing tide checks is an error).
+    kinds beside them are passed over; a file with nothing tide checks is an error, unless
+    ``other_kinds_ok``).
 
     Args:
         path: the file.
+        other_kinds_ok: a file of other Kubernetes kinds only (a PodMonitor found while searching
+            a directory) is reported as skipped, not as an error.
 
     Returns:
         The file's report; an unreadable file or invalid YAML is an error in it.
@@ -177,6 +193,7 @@ def validate_file(path: Path) -> FileReport:
         return FileReport(path=path, errors=("file holds no YAML document",))
     found = _Findings()
     checked = 0
+    others: list[str] = []
     for number, document in enumerate(documents, start=1):
         prefix = f"document {number}: " if len(documents) > 1 else ""
         if not isinstance(document, Mapping):
@@ -198,16 +215,24 @@ def validate_file(path: Path) -> FileReport:
             errors, warnings = check_job(document)
         else:
             api_version, kind = _kind(document)
-            if not (isinstance(api_version, str) and isinstance(kind, str)):
+            if _prometheus_rules(document):
+                others.append("Prometheus rule groups")  # `promtool check rules` checks them
+            elif not (isinstance(api_version, str) and isinstance(kind, str)):
                 found.errors.append(
                     f"document {number}: not a Kubernetes object (no apiVersion and kind); "
                     f"tide validates {API_VERSION} {KIND} and {VOLCANO_JOB[0]} {VOLCANO_JOB[1]}"
                 )
+            else:
+                others.append(kind)
             # Other kinds (a PVC or ConfigMap next to the Job) are not tide's to check.
             continue
         checked += 1
         found.errors.extend(prefix + e for e in errors)
         found.warnings.extend(prefix + w for w in warnings)
+    if checked == 0 and not found.errors and other_kinds_ok:
+        return FileReport(
+            path=path, skipped=f"only {', '.join(sorted(set(others)))}: not tide's to check"
+        )
     if checked == 0 and not found.errors:
         found.errors.append(
             f"holds no {API_VERSION} {KIND} and no {VOLCANO_JOB[0]} {VOLCANO_JOB[1]} to validate"

@@ -59,7 +59,7 @@ def plan(tmp_path: Path, data: dict, *args: str):
 def test_a_stale_job_holds_while_the_fresh_one_scales_up(tmp_path, stale_job, says):
     result = plan(tmp_path, observation(**stale_job), "--json")
     assert result.exit_code == 0, result.output
-    decisions = {d["job"]: d for d in json.loads(result.output)}
+    decisions = {d["job"]: d for d in json.loads(result.output)["decisions"]}
     stale, fresh = decisions["team/stale"], decisions["team/fresh"]
     assert (stale["target_replicas"], stale["reason"]) == (2, "HoldMetricsStale")
     assert "team/stale" in stale["message"] and says in stale["message"]
@@ -76,7 +76,7 @@ def test_the_table_shows_the_stale_reason(tmp_path):
 
 def test_both_fresh_both_grow(tmp_path):
     result = plan(tmp_path, observation(), "--json")
-    assert {d["reason"] for d in json.loads(result.output)} == {"ScaleUpForIdleGpus"}
+    assert {d["reason"] for d in json.loads(result.output)["decisions"]} == {"ScaleUpForIdleGpus"}
 
 
 @pytest.mark.parametrize(

@@ -127,8 +127,25 @@ def test_every_shipped_manifest_passes_strict_validation_recursively() -> None:
     exit_code, output = run(str(MANIFESTS), "--strict")
     files = sorted(p for p in MANIFESTS.rglob("*") if p.suffix in (".yaml", ".yml"))
     assert {p.parent.name for p in files} >= {"clusters", "examples", "policies", "tune"}
-    assert output.splitlines() == [f"OK {p}" for p in files]
+    monitoring = {p for p in files if p.parent.name == "monitoring"}
+    assert monitoring, "the monitoring manifests are searched too"
+    expected = [f"SKIP {p} (only " if p in monitoring else f"OK {p}" for p in files]
+    lines = output.splitlines()
+    assert [line[: len(want)] for line, want in zip(lines, expected, strict=True)] == expected
     assert exit_code == 0
+
+
+def test_a_file_of_other_kinds_is_an_error_when_named_and_skipped_in_a_directory(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "pm.yaml").write_text(
+        "apiVersion: monitoring.coreos.com/v1\nkind: PodMonitor\nmetadata: {name: x}\n"
+    )
+    exit_code, output = run(str(tmp_path / "pm.yaml"))
+    assert exit_code == 1 and "holds no tide.io/v1alpha1 ElasticPolicy" in output
+    exit_code, output = run(str(tmp_path))
+    assert exit_code == 0
+    assert output.strip() == f"SKIP {tmp_path / 'pm.yaml'} (only PodMonitor: not tide's to check)"
 
 
 @pytest.mark.parametrize(
