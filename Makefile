@@ -20,7 +20,7 @@ PIP := $(PYTHON) -m pip
 TORCH := torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: venv install install-dev demo test lint typecheck contracts pytest prometheus bench
+.PHONY: venv install install-dev demo test lint typecheck contracts pytest prometheus bench cluster-deps
 
 ifdef VIRTUAL_ENV
 venv:
@@ -54,6 +54,11 @@ prometheus:
 	if [ "$$(id -u)" != 0 ]; then \
 	  echo "make test: needs prometheus and promtool; installing Debian's prometheus and prometheus-pushgateway packages needs root: run 'sudo apt-get install prometheus prometheus-pushgateway' first, or make test as root" >&2; exit 1; fi; \
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus prometheus-pushgateway >/dev/null
+
+# The real control plane for the cluster tests (kube-apiserver, KWOK, helm, kustomize from their Go
+# modules; etcd from Debian), built once into ~/.cache/tide (TIDE_CACHE) and reused per version.
+cluster-deps:
+	bash scripts/cluster-deps.sh
 
 lint:
 	$(BIN)/ruff check .
