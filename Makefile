@@ -1,44 +1,82 @@
 # tide's two entry points. `make demo` installs tide and runs its main job, `tide simulate`,
 # on the built-in default; `make test` installs what the tests need and runs the whole suite (CI runs it).
-PYTHON ?= python3
+#
+# Python environment: the one that is active (VIRTUAL_ENV set), else the project's own .venv,
+# created on first use with python3 -m venv. Every command below runs that environment's
+# python3 and tools, never the system's: Debian's /usr/bin/python3 refuses `pip install`
+# (externally-managed-environment, PEP 668).
+BOOTSTRAP_PYTHON ?= python3
+ifdef VIRTUAL_ENV
+VENV := $(VIRTUAL_ENV)
+else
+VENV := .venv
+endif
+BIN := $(VENV)/bin
+PYTHON := $(BIN)/python3
 PIP := $(PYTHON) -m pip
-# torch is pinned exactly: a CPU build of this release is what these machines carry, and a
-# looser requirement lets pip pick a multi-GB CUDA build.
+# torch is pinned exactly (tests and the example image are made for this release). From PyPI on
+# Linux x86-64 this is the CUDA 13.0 build: about 4.7 GB with its nvidia-* wheels, though the
+# tests use only its CPU side.
 TORCH := torch==2.13.0
+PYTEST_ARGS ?=
 
-.PHONY: install install-dev demo test lint typecheck contracts pytest prometheus bench
+.PHONY: venv install install-dev demo test lint typecheck contracts pytest prometheus bench cluster-deps
 
-install:
+ifdef VIRTUAL_ENV
+venv:
+	@test -x "$(PYTHON)" || { echo "make: VIRTUAL_ENV=$(VIRTUAL_ENV) has no bin/python3" >&2; exit 1; }
+else
+venv: .venv/bin/python3
+
+# A failed creation (Debian without python3-venv: no ensurepip) leaves no half-made .venv.
+.venv/bin/python3:
+	$(BOOTSTRAP_PYTHON) -m venv .venv || { rm -rf .venv; \
+	  echo "make: '$(BOOTSTRAP_PYTHON) -m venv .venv' failed; on Debian/Ubuntu install python3-venv (apt-get install python3-venv), or activate a virtual environment of your own" >&2; \
+	  exit 1; }
+endif
+
+install: venv
 	$(PIP) install -q -e ".[plots]"
 
-install-dev:
+install-dev: venv
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e ".[dev,worker,plots]"
 
 demo: install
-	tide simulate
+	$(BIN)/tide simulate
 
 # Prometheus and the pushgateway come from Debian's packages; the tests start them on loopback.
+# Installing them needs apt-get (Debian/Ubuntu) and root; elsewhere install them first.
 prometheus:
-	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus prometheus-pushgateway >/dev/null)
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then \
+	  echo "make test: needs prometheus and promtool on PATH, and installs them only with apt-get (Debian/Ubuntu), which this machine lacks: install Prometheus first" >&2; exit 1; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+	  echo "make test: needs prometheus and promtool; installing Debian's prometheus and prometheus-pushgateway packages needs root: run 'sudo apt-get install prometheus prometheus-pushgateway' first, or make test as root" >&2; exit 1; fi; \
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus prometheus-pushgateway >/dev/null
+
+# The real control plane for the cluster tests (kube-apiserver, KWOK, helm, kustomize from their Go
+# modules; etcd from Debian), built once into ~/.cache/tide (TIDE_CACHE) and reused per version.
+cluster-deps:
+	bash scripts/cluster-deps.sh
 
 lint:
-	ruff check .
-	ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 typecheck:
-	mypy --strict scheduler_policy metrics_collector simulations tide worker_runtime
+	$(BIN)/mypy --strict scheduler_policy metrics_collector simulations tide worker_runtime
 
 contracts:
-	lint-imports
+	$(BIN)/lint-imports
 
+# pytest's own exit code is make's: 5 ("no tests collected") fails like a failed test.
 pytest:
-	$(PYTHON) -m pytest -q -p no:cacheprovider
+	$(PYTHON) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 
 test: install-dev prometheus lint typecheck contracts pytest
 
-bench:
+bench: venv
 	$(PYTHON) benchmarks/engine_latency.py --json benchmarks/out/engine_latency.json
 	$(PYTHON) benchmarks/simulate_speed.py --json benchmarks/out/simulate_speed.json
 	$(PYTHON) benchmarks/policy_quality.py --json benchmarks/out/policy_quality.json

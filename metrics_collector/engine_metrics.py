@@ -119,7 +119,7 @@ class EngineMetrics(Collector):
         observation = result.observation
         accuracy = models.accuracy()
         # The budgets as decide's first pass computes them, from the forecasts it just made.
-        ready, _ = triage(observation, policy)
+        ready = triage(observation, policy).ready
         forecasts = {q: accuracy.forecast_gpus.get(q, 0.0) for q in
                      (queue.name for queue in observation.queues) if policy.queue(q)}  # fmt: skip
         budgets = queue_budgets(

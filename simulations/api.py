@@ -32,11 +32,14 @@ SEEDED_FORMATS = ("philly", "itp")
 
 
 def default_policy_for(cluster: ClusterSpec) -> ElasticPolicy:
-    """tide's default policy for a cluster: scale its elastic queues, borrowing idle GPUs."""
+    """tide's default policy for a cluster: every setting at its built-in default, each of the
+    cluster's queues managed, the elastic ones scaled and borrowing idle GPUs (a non-elastic
+    queue does not borrow: it would have no effect). On the built-in cluster it is
+    ``manifests/policies/default.yaml``."""
     return ElasticPolicy(
-        name="tide-default",
+        name="default",
         queues=tuple(
-            QueuePolicy(name=q.name, elastic=q.elastic, borrow=True) for q in cluster.queues
+            QueuePolicy(name=q.name, elastic=q.elastic, borrow=q.elastic) for q in cluster.queues
         ),
     )
 
@@ -166,6 +169,41 @@ def load_workload(
         where = f"{trace}" + (f" ({member})" if fmt == "itp" else "")
         raise SimulationError(f"{where}: no jobs to replay{skipped}")
     return workload
+
+
+def time_window(workload: Workload, *, start_s: float, end_s: float | None) -> Workload:
+    """The jobs of ``workload`` submitted in ``[start_s, end_s)``, their times shifted so that
+    the window starts at 0 (a replay of days 3 to 5 starts at once, not after two idle days).
+
+    Args:
+        workload: the jobs, as read.
+        start_s: the window's start, seconds from the trace's start (0: from its beginning).
+        end_s: its end; None for the trace's end.
+
+    Returns:
+        The workload of the window, named with it (``cluster04[0-168h]``).
+
+    Raises:
+        SimulationError: a window that is empty or holds no job.
+    """
+    if end_s is not None and end_s <= start_s:
+        raise SimulationError(
+            f"--end {end_s / 3600:g} h must be after --start {start_s / 3600:g} h"
+        )
+    jobs = tuple(
+        replace(job, submit_s=job.submit_s - start_s)
+        for job in workload.jobs
+        if job.submit_s >= start_s and (end_s is None or job.submit_s < end_s)
+    )
+    end = "" if end_s is None else f"{end_s / 3600:g}"
+    window = f"{start_s / 3600:g}-{end}h"
+    if not jobs:
+        last = max((j.submit_s for j in workload.jobs), default=0.0) / 3600
+        raise SimulationError(
+            f"{workload.name}: no job is submitted in the window {window} (--start/--end); "
+            f"its submissions span 0-{last:.1f} h"
+        )
+    return replace(workload, name=f"{workload.name}[{window}]", jobs=jobs)
 
 
 @dataclass(frozen=True, slots=True)

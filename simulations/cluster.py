@@ -3,7 +3,8 @@
 It implements ``MetricsSource`` and ``ClusterClient`` exactly as the production adapters do, so
 ``scheduler_policy.engine.reconcile`` runs against it unchanged. Writes go through ``apply``,
 which checks the replicas the engine saw (a conflict otherwise), stores the stabilizer's memory on
-the job as the Volcano client stores it in annotations, and shrinks gracefully.
+the job as the Volcano client stores it, as the ``tide.io/memory`` annotation string
+(``memory_codec``; decoded again when the jobs are listed), and shrinks gracefully.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scheduler_policy.adapters.memory_codec import MEMORY_ANNOTATION, decode_memory, encode_memory
 from scheduler_policy.vocabulary.errors import ConflictError, PermanentError
 from scheduler_policy.vocabulary.protocols import MetricsSample, ReplicaChange
 from scheduler_policy.vocabulary.state import (
     DemandPoint,
     JobKey,
-    JobMemory,
     JobPhase,
     JobState,
     QueueName,
@@ -74,8 +75,9 @@ class SimulatedCluster(ClusterCore):
         self._rng = np.random.default_rng(self.metrics.seed)
         self._demand: dict[QueueName, list[DemandPoint]] = {q.name: [] for q in spec.queues}
         self._last_demand_s = -math.inf
-        # job -> (its last view, the memory and the (replicas, pods, status, restart cost) seen)
-        self._views: dict[JobKey, tuple[JobState, JobMemory, tuple[object, ...]]] = {}
+        # job -> (its last view, the memory annotation and the (replicas, pods, status, restart
+        # cost) seen)
+        self._views: dict[JobKey, tuple[JobState, str | None, tuple[object, ...]]] = {}
         self.writes = 0
         self.conflicts = 0
 
@@ -120,9 +122,18 @@ class SimulatedCluster(ClusterCore):
                 del points[0]
 
     def sample(self, *, now_s: float) -> MetricsSample:
-        """See base class. Stale (``fresh=False``, no measurements) during an outage."""
+        """See base class. Stale (``fresh=False``, no measurements) during an outage, which
+        names every running elastic job in ``stale_jobs``."""
         if self.in_outage(now_s):
-            return MetricsSample(fresh=False, cluster_free_gpus=float(self.nodes.total_free))
+            return MetricsSample(
+                fresh=False,
+                cluster_free_gpus=float(self.nodes.total_free),
+                stale_jobs={
+                    job.key: "the metrics source is down (simulated outage)"
+                    for job in self.running.values()
+                    if job.spec.elastic
+                },
+            )
         self.record_demand(now_s)
         throughput: dict[JobKey, tuple[ThroughputPoint, ...]] = {}
         remaining: dict[JobKey, float] = {}
@@ -164,13 +175,16 @@ class SimulatedCluster(ClusterCore):
     def job_state(self, job: SimJob) -> JobState:
         """The engine's view of one job.
 
-        The view is immutable and depends only on what the key below holds, so an unchanged job
-        (most of a long queue, every reconcile) gives back the same object.
+        The view is immutable and depends only on the memory annotation and what the key below
+        holds, so an unchanged job (most of a long queue, every reconcile) gives back the same
+        object, and a memory is decoded once per write.
         """
         key = (job.spec_replicas, len(job.pods), job.status, job.restart_cost_s)
+        stored = job.annotations.get(MEMORY_ANNOTATION)
         cached = self._views.get(job.key)
-        if cached is not None and cached[1] is job.memory and cached[2] == key:
+        if cached is not None and cached[1] == stored and cached[2] == key:
             return cached[0]
+        memory = decode_memory(stored, job=job.key)
         view = JobState(
             key=job.key,
             queue=job.queue,
@@ -181,11 +195,11 @@ class SimulatedCluster(ClusterCore):
             scheduled_replicas=len(job.pods),
             phase=_PHASES[job.status],
             elastic=job.spec.elastic,
-            last_rescale_s=job.memory.last_rescale_s,
+            last_rescale_s=memory.last_rescale_s,
             restart_cost_s=job.restart_cost_s,
-            recommendations=job.memory.recommendations,
+            recommendations=memory.recommendations,
         )
-        self._views[job.key] = (view, job.memory, key)
+        self._views[job.key] = (view, stored, key)
         return view
 
     def active_jobs(self) -> list[SimJob]:
@@ -212,7 +226,10 @@ class SimulatedCluster(ClusterCore):
                 f"job {change.job}: replicas {change.to_replicas} outside "
                 f"[{job.spec.min_replicas}, {job.spec.max_replicas}]"
             )
-        job.memory = change.memory
+        try:
+            job.annotations[MEMORY_ANNOTATION] = encode_memory(change.memory, job=change.job)
+        except ValueError as e:
+            raise PermanentError(f"job {change.job}: memory cannot be stored: {e}") from e
         if change.to_replicas != job.spec_replicas:
             self.writes += 1
             self.resize(job, change.to_replicas)

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from scheduler_policy.policy.fields import yaml_problem
+from scheduler_policy.policy.fields import (
+    Converter,
+    Section,
+    boolean,
+    duration,
+    finite_number,
+    format_duration,
+    join_path,
+    load_yaml,
+    nonempty_string,
+    section,
+    show,
+    whole_gpus,
+    yaml_problem,
+)
 from scheduler_policy.vocabulary.state import QueueName
 from simulations.errors import ClusterFileError
 
@@ -123,21 +135,91 @@ GPU clusters in service have some tens of thousands)."""
 MAX_GPUS_PER_NODE = 1024
 
 
-def _number(data: Mapping[str, Any], key: str, where: str, problems: list[str]) -> float | None:
-    value = data.get(key)
-    if value is None:
+KIND = "Cluster"
+"""A cluster file's ``kind`` (optional; ``tide validate`` tells the file by it or its shape)."""
+
+_TOP_KEYS = (
+    "kind",
+    "name",
+    "nodes",
+    "gpusPerNode",
+    "queues",
+    "reclaim",
+    "restartCost",
+    "overcommitFactor",
+)
+_QUEUE_KEYS = ("name", "weight", "capabilityGpus", "guaranteeGpus", "reclaimable", "elastic")
+RENAMED = {
+    "gpus_per_node": "gpusPerNode",
+    "restart_cost_s": "restartCost",
+    "overcommit_factor": "overcommitFactor",
+    "capability_gpus": "capabilityGpus",
+    "guarantee_gpus": "guaranteeGpus",
+}
+"""Keys of the old snake_case cluster files, and what they are now called."""
+
+
+def _renamed(section: Section, allowed: tuple[str, ...]) -> None:
+    """Replace the generic unknown-key problem of an old spelling by one giving the new key."""
+    for old, new in RENAMED.items():
+        if old not in section.mapping or new not in allowed:
+            continue
+        path = join_path(section.path, old)
+        section.problems[:] = [p for p in section.problems if not p.startswith(f"{path}:")]
+        unit = " (a duration such as '30s')" if new == "restartCost" else ""
+        section.problems.append(f"{path}: is now spelled {new!r}{unit}")
+
+
+def _count(most: int) -> Converter[int]:
+    def convert(value: object, path: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise ValueError(f"{path}: must be an integer from 1 to {most:,}, got {show(value)}")
+        return value
+
+    return convert
+
+
+def _positive(value: object, path: str) -> float:
+    number = finite_number(value, path)
+    if number <= 0:
+        raise ValueError(f"{path}: must be > 0, got {show(value)}")
+    return number
+
+
+def _optional_gpus(value: object, path: str) -> float | None:
+    return None if value is None else whole_gpus(value, path)
+
+
+def _kind(value: object, path: str) -> str:
+    if value != KIND:
+        close = isinstance(value, str) and value.lower() == KIND.lower()
+        hint = f"; did you mean {KIND!r}?" if close else ""
+        raise ValueError(f"{path}: must be {KIND!r}, got {show(value)}{hint}")
+    return KIND
+
+
+def _queue(value: object, *, path: str, problems: list[str]) -> QueueSpec | None:
+    queue = section(value, path=path, allowed=_QUEUE_KEYS, problems=problems)
+    if queue is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        problems.append(f"{where}.{key}: must be a number, got {value!r}")
-        return None
-    if value < 0:
-        problems.append(f"{where}.{key}: must be >= 0, got {value!r}")
-        return None
-    return float(value)
+    _renamed(queue, _QUEUE_KEYS)
+    if "name" not in queue.mapping:
+        problems.append(f"{path}.name: is required")
+    name = queue.get("name", "", nonempty_string)
+    spec = QueueSpec(
+        name=QueueName(name),
+        weight=queue.get("weight", 1.0, _positive),
+        capability_gpus=queue.get("capabilityGpus", None, _optional_gpus),
+        guarantee_gpus=queue.get("guaranteeGpus", 0.0, whole_gpus),
+        reclaimable=queue.get("reclaimable", True, boolean),
+        elastic=queue.get("elastic", True, boolean),
+    )
+    return spec if name else None
 
 
 def parse_cluster(data: Any, *, source: str) -> ClusterSpec:
-    """Build a ClusterSpec from parsed YAML.
+    """Build a ClusterSpec from a parsed cluster file (camelCase keys, durations as strings,
+    as in a policy file).
 
     Args:
         data: the parsed document.
@@ -147,88 +229,88 @@ def parse_cluster(data: Any, *, source: str) -> ClusterSpec:
         The cluster.
 
     Raises:
-        ClusterFileError: with every problem found, each naming its path and value.
+        ClusterFileError: with every problem found, each naming its path and value; an unknown
+            key gets the nearest known one, and an old snake_case key its new spelling.
     """
     problems: list[str] = []
-    if not isinstance(data, Mapping):
-        raise ClusterFileError(source, [f"top level must be a mapping, got {type(data).__name__}"])
-    known = {
-        "name",
-        "nodes",
-        "gpus_per_node",
-        "queues",
-        "reclaim",
-        "restart_cost_s",
-        "overcommit_factor",
-    }
-    problems += [f"{k}: unknown field" for k in data if k not in known]
-    nodes, gpn = data.get("nodes"), data.get("gpus_per_node")
-    for key, value, most in (
-        ("nodes", nodes, MAX_NODES),
-        ("gpus_per_node", gpn, MAX_GPUS_PER_NODE),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-            problems.append(f"{key}: must be an integer from 1 to {most:,}, got {value!r}")
-    restart = _number(data, "restart_cost_s", "cluster", problems)
-    overcommit = _number(data, "overcommit_factor", "cluster", problems)
-    reclaim = data.get("reclaim", True)
-    if not isinstance(reclaim, bool):
-        problems.append(f"reclaim: must be true or false, got {reclaim!r}")
-    raw_queues = data.get("queues")
+    top = section(data, path="", allowed=_TOP_KEYS, problems=problems)
+    if top is None:
+        raise ClusterFileError(source, problems)
+    _renamed(top, _TOP_KEYS)
+    top.get("kind", KIND, _kind)
+    old_names = {RENAMED[k] for k in top.mapping if k in RENAMED}  # said already
+    for key in ("nodes", "gpusPerNode", "queues"):
+        if key not in top.mapping and key not in old_names:
+            problems.append(f"{key}: is required")
+    nodes = top.get("nodes", 0, _count(MAX_NODES))
+    gpn = top.get("gpusPerNode", 0, _count(MAX_GPUS_PER_NODE))
+    restart = top.get("restartCost", 30.0, duration)
+    overcommit = top.get("overcommitFactor", 1.2, _positive)
+    reclaim = top.get("reclaim", True, boolean)
     queues: list[QueueSpec] = []
-    if not isinstance(raw_queues, list) or not raw_queues:
-        problems.append(f"queues: must be a non-empty list, got {raw_queues!r}")
-        raw_queues = []
-    names: set[str] = set()
-    queue_fields = {"name", "weight", "capability_gpus", "guarantee_gpus", "reclaimable", "elastic"}
-    for i, raw in enumerate(raw_queues):
-        where = f"queues[{i}]"
-        if not isinstance(raw, Mapping):
-            problems.append(f"{where}: must be a mapping, got {raw!r}")
+    raw_queues = top.mapping.get("queues")
+    if "queues" in top.mapping and (not isinstance(raw_queues, list) or not raw_queues):
+        problems.append(f"queues: must be a non-empty list of queues, got {show(raw_queues)}")
+    first: dict[str, str] = {}
+    for i, raw in enumerate(raw_queues if isinstance(raw_queues, list) else []):
+        path = f"queues[{i}]"
+        queue = _queue(raw, path=path, problems=problems)
+        if queue is None:
             continue
-        problems += [f"{where}.{k}: unknown field" for k in raw if k not in queue_fields]
-        name = raw.get("name")
-        if not isinstance(name, str) or not name:
-            problems.append(f"{where}.name: must be a non-empty string, got {name!r}")
-            continue
-        if name in names:
-            problems.append(f"{where}.name: duplicate queue {name!r}")
-        names.add(name)
-        weight = _number(raw, "weight", where, problems)
-        if weight == 0:
-            problems.append(f"{where}.weight: must be > 0, got 0")
-        flags = {k: raw.get(k, True) for k in ("reclaimable", "elastic")}
-        for key, value in flags.items():
-            if not isinstance(value, bool):
-                problems.append(f"{where}.{key}: must be true or false, got {value!r}")
-        queues.append(
-            QueueSpec(
-                name=QueueName(name),
-                weight=weight or 1.0,
-                capability_gpus=_number(raw, "capability_gpus", where, problems),
-                guarantee_gpus=_number(raw, "guarantee_gpus", where, problems) or 0.0,
-                reclaimable=bool(flags["reclaimable"]),
-                elastic=bool(flags["elastic"]),
+        if queue.name in first:
+            problems.append(
+                f"{path}.name: duplicate queue {queue.name!r}, first at {first[queue.name]}"
             )
-        )
-    if not problems and isinstance(nodes, int) and isinstance(gpn, int):
+            continue
+        first[queue.name] = path
+        queues.append(queue)
+    if not problems:
         total = nodes * gpn
         guaranteed = sum(q.guarantee_gpus for q in queues)
         if guaranteed > total:
-            problems.append(f"queues: guarantees sum to {guaranteed} GPUs, above the {total} total")
+            problems.append(
+                f"queues: guarantees sum to {guaranteed:g} GPUs, above the cluster's {total}"
+            )
     if problems:
         raise ClusterFileError(source, problems)
-    assert isinstance(nodes, int) and isinstance(gpn, int)
-    name = data.get("name", Path(source).stem)
+    name = top.get("name", Path(source).stem, nonempty_string)
     return ClusterSpec(
-        name=str(name),
+        name=name,
         nodes=nodes,
         gpus_per_node=gpn,
         queues=tuple(queues),
-        reclaim=bool(reclaim),
-        restart_cost_s=30.0 if restart is None else restart,
-        overcommit_factor=1.2 if overcommit is None else overcommit,
+        reclaim=reclaim,
+        restart_cost_s=restart,
+        overcommit_factor=overcommit,
     )
+
+
+def cluster_document(cluster: ClusterSpec) -> dict[str, Any]:
+    """``cluster`` as the document of a cluster file, which ``parse_cluster`` reads back as
+    ``cluster`` (a report records the cluster that ran in the spelling a user writes)."""
+
+    def number(value: float) -> float | int:
+        return int(value) if float(value).is_integer() else value
+
+    queues = []
+    for q in cluster.queues:
+        queue: dict[str, Any] = {"name": q.name, "weight": number(q.weight)}
+        if q.capability_gpus is not None:
+            queue["capabilityGpus"] = number(q.capability_gpus)
+        queue["guaranteeGpus"] = number(q.guarantee_gpus)
+        queue["reclaimable"] = q.reclaimable
+        queue["elastic"] = q.elastic
+        queues.append(queue)
+    return {
+        "kind": KIND,
+        "name": cluster.name,
+        "nodes": cluster.nodes,
+        "gpusPerNode": cluster.gpus_per_node,
+        "reclaim": cluster.reclaim,
+        "restartCost": format_duration(cluster.restart_cost_s),
+        "overcommitFactor": number(cluster.overcommit_factor),
+        "queues": queues,
+    }
 
 
 def load_cluster(path: Path) -> ClusterSpec:
@@ -244,8 +326,8 @@ def load_cluster(path: Path) -> ClusterSpec:
         ClusterFileError: the file is missing, not YAML, or invalid.
     """
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
+        data = load_yaml(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
         raise ClusterFileError(str(path), [f"cannot read: {e}"]) from e
     except yaml.YAMLError as e:
         raise ClusterFileError(str(path), [yaml_problem(e)]) from e

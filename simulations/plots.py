@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib import ticker
 
 from simulations.report import summarize
 from simulations.run import SimResult
@@ -45,6 +46,7 @@ def plot_all(
     *,
     seeds: Sequence[int] = (0,),
     jobs_to_show: int = 4,
+    subject: str = "",
 ) -> list[Path]:
     """Write ``jct_cdf.png``, ``utilization.png`` and ``replicas.png`` into ``out_dir``.
 
@@ -58,6 +60,8 @@ def plot_all(
         out_dir: where to write.
         seeds: the seeds, in the order ``results`` has them.
         jobs_to_show: how many jobs' replicas to draw (those rescaled most by the first run).
+        subject: what ran, at the top of every plot (``builtin-seed0 on small-mixed, 32 GPUs``);
+            empty: the first run's workload.
 
     Returns:
         The files written.
@@ -66,11 +70,14 @@ def plot_all(
     policies = len(results) // max(1, len(seeds))
     first = results[:policies]
     pooled = [results[p::policies] for p in range(policies)]
-    title = None if len(seeds) < 2 else f"every job of seeds {','.join(map(str, seeds))}"
+    subject = subject or (results[0].workload if results else "")
+    title = (
+        subject if len(seeds) < 2 else f"{subject}: every job of seeds {','.join(map(str, seeds))}"
+    )
     written = [_jct_cdf(pooled, out_dir / "jct_cdf.png", title=title)]
-    written.append(_utilization(first, out_dir / "utilization.png"))
+    written.append(_utilization(first, out_dir / "utilization.png", subject=subject))
     if first:
-        written.append(_replicas(first[0], out_dir / "replicas.png", jobs_to_show))
+        written.append(_replicas(first[0], out_dir / "replicas.png", jobs_to_show, subject))
     return written
 
 
@@ -102,6 +109,9 @@ def _jct_cdf(groups: Sequence[Sequence[SimResult]], path: Path, *, title: str | 
         ax.step(jct, np.arange(1, len(jct) + 1) / len(jct), where="post", label=label,
                 **_style(i))  # fmt: skip
     ax.set_xscale("log")
+    # Plain hours on the log axis (0.1, 1, 10), not powers of ten.
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
     ax.set_xlabel("job completion time (h)")
     ax.set_ylabel("fraction of jobs finished within")
     if curves:
@@ -110,7 +120,7 @@ def _jct_cdf(groups: Sequence[Sequence[SimResult]], path: Path, *, title: str | 
     return _save(fig, path)
 
 
-def _utilization(results: Sequence[SimResult], path: Path) -> Path:
+def _utilization(results: Sequence[SimResult], path: Path, *, subject: str) -> Path:
     panels = max(1, len(results))
     fig, axes = plt.subplots(
         panels, 1, figsize=(7, 1.0 + 1.4 * panels), sharex=True, sharey=True, squeeze=False
@@ -129,12 +139,12 @@ def _utilization(results: Sequence[SimResult], path: Path) -> Path:
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("time (h)")
     fig.supylabel("share of the cluster's GPUs")
-    fig.suptitle("line: GPUs allocated; shaded: useful (speedup-weighted) — time averages in "
-                 "each panel", fontsize="small")  # fmt: skip
+    fig.suptitle(f"{subject}\nline: GPUs allocated; shaded: useful (speedup-weighted) — time "
+                 "averages in each panel", fontsize="small")  # fmt: skip
     return _save(fig, path)
 
 
-def _replicas(first: SimResult, path: Path, jobs_to_show: int) -> Path:
+def _replicas(first: SimResult, path: Path, jobs_to_show: int, subject: str) -> Path:
     chosen = sorted(first.jobs, key=lambda j: -j.rescales)[:jobs_to_show]
     fig, ax = plt.subplots(figsize=(7, 4))
     labelled = False
@@ -145,6 +155,7 @@ def _replicas(first: SimResult, path: Path, jobs_to_show: int) -> Path:
         if log:
             ax.step([t / 3600 for t, _ in log], [n for _, n in log], where="post", label=job.key)
             labelled = True
+    ax.set_title(f"{subject}: the jobs {first.policy} rescaled most", fontsize="small")
     ax.set_xlabel("time (h)")
     ax.set_ylabel(f"placed replicas ({first.policy})")
     if labelled:

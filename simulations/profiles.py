@@ -9,6 +9,7 @@ requested size" for duration-only traces), so a job finishes when its done work 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MAX_PROFILE_REPLICAS = 128
@@ -132,6 +133,74 @@ def builtin_job_type(name: str) -> JobType:
             return job_type
     known = ", ".join(t.name for t in BUILTIN_JOB_TYPES)
     raise KeyError(f"unknown job type {name!r}; known: {known}")
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputMeasurement:
+    """A job's throughput measured at one size.
+
+    Attributes:
+        replicas: worker replicas it ran with, >= 1.
+        samples_per_s: training samples per second the whole job made at that size, > 0.
+        nodes: nodes the replicas were spread over; None when not recorded.
+    """
+
+    replicas: int
+    samples_per_s: float
+    nodes: int | None = None
+
+
+def measured_profile(
+    name: str,
+    measurements: Sequence[ThroughputMeasurement],
+    *,
+    max_replicas: int = MAX_PROFILE_REPLICAS,
+) -> ScalingProfile:
+    """A job's own scaling curve from its measured throughput, in samples per second.
+
+    The simulator does not model placement, so a size measured on several node counts takes the
+    slowest of them. Between measured sizes the rate is interpolated linearly; below the
+    smallest measured size m it is X(m) n / m (per-replica efficiency no better than at m); past
+    the largest it stays at the largest size's rate. For a curve that is concave in n (every
+    data-parallel job's), each of the three is at or below the true curve: a replay never runs
+    a job faster than it was seen to run.
+
+    Args:
+        name: the profile's name, e.g. ``measured/ns/job``.
+        measurements: at least one; ``replicas`` in [1, max_replicas], rates finite and > 0.
+        max_replicas: how many sizes to tabulate.
+
+    Returns:
+        The profile; its work unit is one sample (``samples_per_unit`` 1).
+
+    Raises:
+        ValueError: no measurements, a size outside [1, max_replicas] or a rate that is not a
+            finite number > 0.
+    """
+    if not measurements:
+        raise ValueError("a measured curve needs at least one measurement")
+    slowest: dict[int, float] = {}
+    for m in measurements:
+        if not 1 <= m.replicas <= max_replicas:
+            raise ValueError(f"replicas must be in [1, {max_replicas}], got {m.replicas}")
+        if not is_valid_rate(m.samples_per_s):
+            raise ValueError(f"samples_per_s must be a finite number > 0, got {m.samples_per_s}")
+        slowest[m.replicas] = min(slowest.get(m.replicas, math.inf), m.samples_per_s)
+    sizes = sorted(slowest)
+    rates: list[float] = []
+    upper = 0
+    for n in range(1, max_replicas + 1):
+        while upper < len(sizes) and sizes[upper] < n:
+            upper += 1
+        if upper == len(sizes):  # past the largest measured size: flat
+            rates.append(slowest[sizes[-1]])
+        elif upper == 0:  # at or below the smallest measured size: proportional to n
+            rates.append(slowest[sizes[0]] * n / sizes[0])
+        else:
+            lo, hi = sizes[upper - 1], sizes[upper]
+            share = (n - lo) / (hi - lo)
+            rates.append(slowest[lo] + share * (slowest[hi] - slowest[lo]))
+    return ScalingProfile(name=name, units_per_s=tuple(rates), samples_per_unit=1.0)
 
 
 def is_valid_rate(value: float) -> bool:

@@ -31,6 +31,9 @@ class Summary:
         useful_utilization: speedup-weighted progress GPU-seconds / (GPUs x makespan).
         rescales: membership changes after first start, all jobs.
         kills: abrupt pod kills.
+        late_pods: of the rescales, those that grew a job to at most its requested size
+            (``JobRecord.late_pods``): under a policy that never resizes (``static``), all of
+            its rescales are these, Volcano placing pods above ``minAvailable`` as GPUs free.
         restart_gpu_hours: GPU-hours held while restarting.
         killed_gpu_hours: GPU-hours of work lost to abrupt kills.
         guaranteed_wait_minutes: queue-minutes when a queue's waiting work fit in its share but
@@ -75,6 +78,7 @@ class Summary:
     node_down_hours: float = 0.0
     metrics_outages: int = 0
     metrics_outage_minutes: float = 0.0
+    late_pods: int = 0
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready dict (NaN becomes None)."""
@@ -137,6 +141,7 @@ def summarize(result: SimResult) -> Summary:
         useful_utilization=result.effective_gpu_s / capacity,
         rescales=sum(j.rescales for j in result.jobs),
         kills=sum(j.kills for j in result.jobs),
+        late_pods=sum(j.late_pods for j in result.jobs),
         restart_gpu_hours=sum(j.restart_gpu_s for j in result.jobs) / h,
         killed_gpu_hours=sum(j.killed_gpu_s for j in result.jobs) / h,
         guaranteed_wait_minutes=sum(result.blocked_queue_s.values()) / 60.0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import itertools
 import logging
 import math
 import time
@@ -81,6 +82,9 @@ class JobRecord:
         restart_gpu_s: GPU-seconds held while restarting (after the first start).
         killed_gpu_s: GPU-seconds of work lost to abrupt kills.
         replica_log: ``(time_s, placed pods)`` at each membership change.
+        late_pods: membership changes that only placed the job's own pods, up to its requested
+            size, after its gang started: Volcano allocating (or backfilling) pods above
+            ``minAvailable`` as GPUs free up; each restarts the workers, and no policy asked.
     """
 
     key: str
@@ -97,6 +101,7 @@ class JobRecord:
     restart_gpu_s: float
     killed_gpu_s: float
     replica_log: tuple[tuple[float, int], ...]
+    late_pods: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +167,16 @@ def _record(job: SimJob) -> JobRecord:
         restart_gpu_s=job.restart_gpu_s,
         killed_gpu_s=job.killed_gpu_s,
         replica_log=tuple(job.replica_log),
+        late_pods=_late_pods(job),
     )
+
+
+def _late_pods(job: SimJob) -> int:
+    """How many of the job's membership changes grew it to at most its requested size from a
+    smaller running size (``JobRecord.late_pods``)."""
+    sizes = [n for _, n in job.replica_log]
+    asked = job.spec.requested_replicas
+    return sum(1 for a, b in itertools.pairwise(sizes) if 0 < a < b <= asked)
 
 
 def simulate(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from scheduler_policy.vocabulary.state import JobKey, JobMemory, QueueName, ThroughputPoint
+from scheduler_policy.vocabulary.state import JobKey, QueueName, ThroughputPoint
 from simulations.workload import WorkloadJob
 
 
@@ -34,6 +34,9 @@ class Status(enum.Enum):
 class SimJob:
     """One job's runtime state (mutable; internal to the simulator).
 
+    Attributes:
+        annotations: the Job's annotations; the engine's memory is ``tide.io/memory``.
+
     Attributes (derived from the placed pods, read at every event for every running job, so
     stored; ``pods_changed`` keeps them current):
         gpus: GPUs its placed pods hold.
@@ -44,6 +47,7 @@ class SimJob:
     """
 
     __slots__ = (
+        "annotations",
         "attained_gpu_s",
         "done_units",
         "effective_gpus",
@@ -54,7 +58,6 @@ class SimJob:
         "killed_gpu_s",
         "killed_units",
         "kills",
-        "memory",
         "pods",
         "points",
         "queue",
@@ -86,7 +89,9 @@ class SimJob:
         self.first_start_s: float | None = None
         self.end_s: float | None = None
         self.startup = True
-        self.memory = JobMemory()
+        # As on a Volcano Job: the engine's memory is the tide.io/memory annotation, written
+        # and read through scheduler_policy.adapters.memory_codec, as production does.
+        self.annotations: dict[str, str] = {}
         self.points: list[ThroughputPoint] = []
         self.rescales = 0
         self.kills = 0

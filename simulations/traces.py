@@ -14,17 +14,17 @@ import json
 import math
 import tarfile
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-from scheduler_policy.vocabulary.state import JobKey, QueueName
+from scheduler_policy.vocabulary.state import JobKey
 from simulations.errors import TraceError
-from simulations.profiles import BUILTIN_JOB_TYPES, builtin_job_type
-from simulations.workload import DEFAULT_CHECKPOINT_INTERVAL_S, Workload, WorkloadJob
-
-Row = Mapping[str, Any]
+from simulations.profiles import BUILTIN_JOB_TYPES
+from simulations.trace_rows import Row, TraceRow, read_trace_row
+from simulations.trace_rows import column_float as column_float  # re-exported for the loaders
+from simulations.trace_rows import column_int as column_int
+from simulations.workload import Workload, WorkloadJob
 
 
 def _pick(key: str, salt: str, n: int) -> int:
@@ -93,7 +93,7 @@ def _collect(
     build: Callable[[int, Row], WorkloadJob],
 ) -> Workload:
     jobs: list[WorkloadJob] = []
-    skipped = 0
+    bad: list[tuple[int, str]] = []
     for line, row in rows:
         try:
             job = build(line, row)
@@ -101,14 +101,37 @@ def _collect(
             if problems:
                 raise ValueError("; ".join(problems))
         except (KeyError, ValueError, TypeError) as e:
-            if skip_bad_rows:
-                skipped += 1
-                continue
-            detail = f"missing column {e}" if isinstance(e, KeyError) else str(e)
-            raise TraceError(where, line, detail) from e
+            bad.append((line, f"missing column {e}" if isinstance(e, KeyError) else str(e)))
+            continue
         jobs.append(job)
+    if bad and not skip_bad_rows:
+        raise bad_rows_error(where, bad)
     jobs.sort(key=lambda j: j.submit_s)
-    return Workload(name=name, jobs=tuple(jobs), skipped_rows=skipped)
+    return Workload(name=name, jobs=tuple(jobs), skipped_rows=len(bad), skipped=tuple(bad))
+
+
+MAX_BAD_ROWS_SHOWN = 20
+"""Bad rows an error lists one by one; the rest are counted ("and N more")."""
+
+
+def bad_rows_error(where: str, bad: list[tuple[int, str]]) -> TraceError:
+    """One error for every bad row of a trace: the first ``MAX_BAD_ROWS_SHOWN``, each as
+    ``file:line: problem``, then how many more, so that a file is fixed in one pass.
+
+    Args:
+        where: the trace, as messages name it.
+        bad: ``(line, problem)`` of each bad row, in file order (at least one).
+
+    Returns:
+        The error, naming the first bad row as its line.
+    """
+    (line, problem), rest = bad[0], bad[1:MAX_BAD_ROWS_SHOWN]
+    text = problem + "".join(f"\n{where}:{n}: {p}" for n, p in rest)
+    if len(bad) > MAX_BAD_ROWS_SHOWN:
+        text += f"\nand {len(bad) - MAX_BAD_ROWS_SHOWN} more bad rows"
+    if len(bad) > 1:
+        text += f"\n{len(bad)} bad rows in all; --skip-bad-rows replays the others"
+    return TraceError(where, line, text)
 
 
 def _read(path: Path) -> str:
@@ -225,74 +248,26 @@ def load_itp(
     )
 
 
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no", ""):
-        return False
-    raise ValueError(f"elastic must be true or false, got {value!r}")
-
-
-def column_float(row: Row, key: str) -> float:
-    """Column ``key`` as a number; a ValueError that names the column otherwise."""
-    value = row[key]
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key}: {value!r} is not a number") from None
-
-
-def column_int(row: Row, key: str) -> int:
-    """Column ``key`` as a whole number; a ValueError that names the column otherwise."""
-    value = row[key]
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{key}: {value!r} is not a whole number") from None
-
-
-def _optional(row: Row, key: str) -> Any:
-    value = row.get(key)
-    return None if value is None or value == "" else value
-
-
 def tide_job(row: Row, *, source: str) -> WorkloadJob:
     """One job of tide's trace format (TRACE_FORMAT.md)."""
-    replicas = column_int(row, "replicas")
-    elastic = _bool(row.get("elastic", False))
-    job_type = builtin_job_type(str(_optional(row, "job_type") or "transformer"))
-    min_r = _optional(row, "min_replicas")
-    max_r = _optional(row, "max_replicas")
-    restart = _optional(row, "restart_cost_s")
-    ckpt = _optional(row, "checkpoint_interval_s")
-    queue = _optional(row, "queue")
-    duration = column_float(row, "duration_s")
-    if not duration > 0:
-        raise ValueError(f"duration_s must be > 0, got {duration}")
-    return WorkloadJob(
-        key=JobKey(str(row["job_id"])),
-        submit_s=column_float(row, "submit_s"),
-        queue=QueueName(str(queue)) if queue is not None else None,
-        elastic=elastic,
-        gpus_per_replica=column_int(row, "gpus_per_replica")
-        if _optional(row, "gpus_per_replica")
-        else 1,
-        min_replicas=column_int(row, "min_replicas") if min_r is not None else replicas,
-        max_replicas=column_int(row, "max_replicas") if max_r is not None else replicas,
-        requested_replicas=replicas,
-        work_units=duration * job_type.profile.rate(replicas),
-        profile=job_type.profile,
-        checkpoint_interval_s=(
-            column_float(row, "checkpoint_interval_s")
-            if ckpt is not None
-            else DEFAULT_CHECKPOINT_INTERVAL_S
-        ),
-        restart_cost_s=column_float(row, "restart_cost_s") if restart is not None else None,
-        source=source,
-    )
+    return read_trace_row(row).workload_job(source=source)
+
+
+def _rows_of(path: Path, text: str) -> Iterator[tuple[int, Row]]:
+    if path.suffix != ".jsonl":
+        return _csv_rows(text)
+
+    def json_rows() -> Iterator[tuple[int, Row]]:
+        for line, raw in enumerate(text.splitlines(), start=1):
+            if not raw.strip():
+                continue
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError as e:
+                value = {"_error": f"invalid JSON: {e.msg}"}
+            yield line, value if isinstance(value, dict) else {"_error": "not an object"}
+
+    return json_rows()
 
 
 def load_tide_trace(path: Path, *, skip_bad_rows: bool = False) -> Workload:
@@ -301,26 +276,29 @@ def load_tide_trace(path: Path, *, skip_bad_rows: bool = False) -> Workload:
     Raises:
         TraceError: a bad row or line (file and line), unless ``skip_bad_rows``.
     """
-    text = _read(path)
-    if path.suffix == ".jsonl":
-
-        def json_rows() -> Iterator[tuple[int, Row]]:
-            for line, raw in enumerate(text.splitlines(), start=1):
-                if not raw.strip():
-                    continue
-                try:
-                    value = json.loads(raw)
-                except json.JSONDecodeError as e:
-                    value = {"_error": f"invalid JSON: {e.msg}"}
-                yield line, value if isinstance(value, dict) else {"_error": "not an object"}
-
-        rows: Iterator[tuple[int, Row]] = json_rows()
-    else:
-        rows = _csv_rows(text)
 
     def build(line: int, row: Row) -> WorkloadJob:
         if "_error" in row:
             raise ValueError(row["_error"])
         return tide_job(row, source=f"{path}:{line}")
 
+    rows = _rows_of(path, _read(path))
     return _collect(rows, where=str(path), name=path.stem, skip_bad_rows=skip_bad_rows, build=build)
+
+
+def read_trace_rows(path: Path) -> list[TraceRow]:
+    """Every row of a tide-format trace, as written (no defaults filled in).
+
+    Raises:
+        TraceError: a bad row or line (file and line).
+    """
+    out: list[TraceRow] = []
+    for line, row in _rows_of(path, _read(path)):
+        try:
+            if "_error" in row:
+                raise ValueError(row["_error"])
+            out.append(read_trace_row(row))
+        except (KeyError, ValueError, TypeError) as e:
+            detail = f"missing column {e}" if isinstance(e, KeyError) else str(e)
+            raise TraceError(path, line, detail) from e
+    return out

@@ -2,19 +2,24 @@
 
 A search space (YAML) names the parameters and their values::
 
+    kind: SearchSpace       # optional
     method: random          # or grid
     trials: 20              # random only
     seed: 0
     objective: avg_jct_h    # a Summary field: lower is better, but for the utilizations,
                             # finished jobs and work done (``MAXIMISED``)
-    parameters:
-      interval_s: [30, 60, 120]
-      defaults.cooldown_s: [60, 300, 600]
+    parameters:             # named as in the policy file, durations as strings
+      interval: [30s, 1m, 2m]
+      defaults.cooldown: [1m, 5m, 10m]
       defaults.tolerance: {min: 0.01, max: 0.2}   # random: uniform; grid: not allowed
       queues.research.headroom.gpus: [0, 2, 4]     # a queue of the base policy
     constraints:            # optional: the best trial must keep these figures within bounds
       p95_queue_nonelastic_h: {max: 1.5}
 
+Parameters take the policy file's names and spellings (``PARAMETERS``); the old snake_case
+names (``defaults.cooldown_s``) are refused with the new one. Random draws are rounded as a
+person would write them (durations to the second, counts to integers, other numbers to three
+significant digits), so that best-policy.yaml reads ``tolerance: 0.0735``, not 16 digits.
 Every value must be one the policy file accepts (``check_values``), so that every trial runs a
 policy tide could write, and the best one is written as a file that reads back to it.
 Trials are appended to ``trials.csv`` as they finish, so an interrupted search keeps them.
@@ -37,9 +42,16 @@ from typing import Any
 import numpy as np
 import yaml
 
-from scheduler_policy.policy.fields import yaml_problem
+from scheduler_policy.policy.fields import (
+    format_duration,
+    load_yaml,
+    parse_duration,
+    section,
+    show,
+    yaml_problem,
+)
 from scheduler_policy.policy.file import parse_policy, policy_yaml
-from scheduler_policy.policy.spec import Defaults, ElasticPolicy, QueuePolicy
+from scheduler_policy.policy.spec import ElasticPolicy, QueuePolicy
 from scheduler_policy.vocabulary.errors import PolicyError
 from scheduler_policy.vocabulary.state import QueueName
 from simulations.api import PolicyRun, Seeded, run_one
@@ -49,15 +61,68 @@ from simulations.parallel import results_as_done
 from simulations.report import Summary, summarize
 from simulations.run import Progress
 
-# Numeric policy fields only (the objective is a choice of words, not a number to search).
-_TOP = {f.name for f in dataclasses.fields(ElasticPolicy)} - {
-    "name",
-    "defaults",
-    "queues",
-    "objective",
+KIND = "SearchSpace"
+"""A search space file's ``kind`` (optional; ``tide validate`` tells the file by it or by its
+``parameters``)."""
+
+_DURATION, _INT, _NUMBER = "duration", "integer", "number"
+
+
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    """A policy field a search may vary.
+
+    Attributes:
+        owner: where the field lives: ``policy``, ``defaults``, ``queue`` or ``headroom``.
+        field: the dataclass field.
+        unit: ``duration`` (seconds; written as a duration string), ``integer`` or ``number``.
+    """
+
+    owner: str
+    field: str
+    unit: str
+
+
+PARAMETERS = {
+    "interval": Parameter("policy", "interval_s", _DURATION),
+    "modelRefitInterval": Parameter("policy", "model_refit_s", _DURATION),
+    "defaults.tolerance": Parameter("defaults", "tolerance", _NUMBER),
+    "defaults.restartCost": Parameter("defaults", "restart_cost_s", _DURATION),
+    "defaults.cooldown": Parameter("defaults", "cooldown_s", _DURATION),
+    "defaults.maxStepUp": Parameter("defaults", "max_step_up", _INT),
+    "defaults.maxStepDown": Parameter("defaults", "max_step_down", _INT),
+    "defaults.stabilizationWindow.up": Parameter("defaults", "window_up_s", _DURATION),
+    "defaults.stabilizationWindow.down": Parameter("defaults", "window_down_s", _DURATION),
+    "defaults.assumedRemaining": Parameter("defaults", "assumed_remaining_s", _DURATION),
 }
-_DEFAULTS = {f.name for f in dataclasses.fields(Defaults)}
-_INTS = {"max_step_up", "max_step_down"}
+"""The policy-wide parameters, by the policy file's name for them."""
+
+QUEUE_PARAMETERS = {
+    "headroom.gpus": Parameter("headroom", "gpus", _INT),
+    "headroom.forecastQuantile": Parameter("headroom", "forecast_quantile", _NUMBER),
+    "headroom.horizon": Parameter("headroom", "horizon_s", _DURATION),
+    "maxElasticGpus": Parameter("queue", "max_elastic_gpus", _INT),
+}
+"""A queue's parameters, as ``queues.<queue>.<name>``: the queue is any the base policy has."""
+
+RENAMED = {
+    "interval_s": "interval",
+    "model_refit_s": "modelRefitInterval",
+    "defaults.restart_cost_s": "defaults.restartCost",
+    "defaults.cooldown_s": "defaults.cooldown",
+    "defaults.max_step_up": "defaults.maxStepUp",
+    "defaults.max_step_down": "defaults.maxStepDown",
+    "defaults.window_up_s": "defaults.stabilizationWindow.up",
+    "defaults.window_down_s": "defaults.stabilizationWindow.down",
+    "defaults.assumed_remaining_s": "defaults.assumedRemaining",
+    "headroom.forecast_quantile": "headroom.forecastQuantile",
+    "headroom.horizon_s": "headroom.horizon",
+    "max_elastic_gpus": "maxElasticGpus",
+}
+"""The old snake_case parameter names (a queue's without their ``queues.<queue>.``), and what
+they are called now."""
+
+_TOP_KEYS = ("kind", "method", "trials", "seed", "objective", "parameters", "constraints")
 # Report figures a search may minimise or bound: the numbers of a run's Summary, but its wall
 # time (a figure of the machine, not of the policy).
 FIGURES = tuple(
@@ -76,30 +141,52 @@ _NOT_OBJECTIVES = frozenset(
         "metrics_outage_minutes",
     }
 )
-# A queue's numeric fields, as ``queues.<queue>.<field>``: the queue is any the base policy has.
-_QUEUE_FIELDS = (
-    "headroom.gpus",
-    "headroom.forecast_quantile",
-    "headroom.horizon_s",
-    "max_elastic_gpus",
-)
 
 
 def _queue_param(name: str) -> tuple[str, str] | None:
-    """``(queue, field)`` of a ``queues.<queue>.<field>`` parameter; None for other names."""
+    """``(queue, field name)`` of a ``queues.<queue>.<name>`` parameter; None for others."""
     if not name.startswith("queues."):
         return None
     rest = name.removeprefix("queues.")
-    for field in _QUEUE_FIELDS:
+    for field in QUEUE_PARAMETERS:
         if rest.endswith(f".{field}") and len(rest) > len(field) + 1:
             return rest[: -len(field) - 1], field
     return None
 
 
+def parameter(name: str) -> Parameter | None:
+    """The policy field a parameter name stands for; None for a name that is not one."""
+    queue = _queue_param(name)
+    if queue is not None:
+        return QUEUE_PARAMETERS[queue[1]]
+    return PARAMETERS.get(name)
+
+
 def _is_param(name: str) -> bool:
-    if name.startswith("defaults."):
-        return name.removeprefix("defaults.") in _DEFAULTS
-    return name in _TOP or _queue_param(name) is not None
+    return parameter(name) is not None
+
+
+def param_text(name: str, value: float | None) -> str:
+    """A parameter's value as a space or policy file writes it: ``5m`` for a duration, ``4``
+    for a count, ``0.05`` for a number; ``none`` for an unset field."""
+    if value is None:
+        return "none"
+    param = parameter(name)
+    if param is not None and param.unit == _DURATION:
+        return format_duration(value)
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _rounded(name: str, value: float) -> float:
+    """A random draw as a person would write it: a duration to the second, a count to an
+    integer, another number to three significant digits."""
+    param = parameter(name)
+    unit = param.unit if param is not None else _NUMBER
+    if unit == _DURATION:
+        return float(round(value))
+    if unit == _INT:
+        return float(round(value))
+    return float(f"{value:.3g}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,23 +234,35 @@ class SearchSpace:
 
 
 def load_search_space(path: Path) -> SearchSpace:
-    """Read a search space file.
+    """Read a search space file (the policy file's conventions: its parameter names, durations
+    as strings, a did-you-mean for a misspelt key, no key given twice).
 
     Raises:
         SearchSpaceError: unreadable, or a problem naming the file and parameter.
     """
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
+        data = load_yaml(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
         raise SearchSpaceError(f"{path}: cannot read: {e}") from e
     except yaml.YAMLError as e:
         raise SearchSpaceError(f"{path}: {yaml_problem(e)}") from e
-    if not isinstance(data, dict) or not isinstance(data.get("parameters"), dict):
+    problems: list[str] = []
+    top = section(data, path="", allowed=_TOP_KEYS, problems=problems)
+    if top is not None and "kind" in top.mapping and top.mapping["kind"] != KIND:
+        kind = top.mapping["kind"]
+        close = isinstance(kind, str) and kind.lower() == KIND.lower()
+        hint = f"; did you mean {KIND!r}?" if close else ""
+        problems.append(f"kind: must be {KIND!r}, got {show(kind)}{hint}")
+    if problems:
+        raise SearchSpaceError(f"{path}: {problems[0]}")
+    assert top is not None
+    raw_parameters = top.mapping.get("parameters")
+    if not isinstance(raw_parameters, dict):
         raise SearchSpaceError(f"{path}: needs a 'parameters' mapping")
-    method = data.get("method", "random")
+    method = top.mapping.get("method", "random")
     if method not in ("grid", "random"):
-        raise SearchSpaceError(f"{path}: method must be grid or random, got {method!r}")
-    objective = data.get("objective", "avg_jct_h")
+        raise SearchSpaceError(f"{path}: method: must be grid or random, got {show(method)}")
+    objective = top.mapping.get("objective", "avg_jct_h")
     if objective not in FIGURES:
         raise SearchSpaceError(f"{path}: objective: {_not_a_figure(objective)}")
     if objective in _NOT_OBJECTIVES:
@@ -171,14 +270,21 @@ def load_search_space(path: Path) -> SearchSpace:
             f"{path}: objective: {objective} is a figure of the workload or of the injected "
             "faults, the same for every policy; choose one the policy changes, e.g. avg_jct_h"
         )
-    constraints = _load_constraints(data.get("constraints"), path)
-    choices, ranges = _load_parameters(data["parameters"], method, path)
-    trials = int(data.get("trials", 20))
+    counts = {}
+    for key, default, least in (("trials", 20, 1), ("seed", 0, 0)):
+        value = top.mapping.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise SearchSpaceError(
+                f"{path}: {key}: must be an integer >= {least}, got {show(value)}"
+            )
+        counts[key] = value
+    constraints = _load_constraints(top.mapping.get("constraints"), path)
+    choices, ranges = _load_parameters(raw_parameters, method, path)
     return SearchSpace(
         method,
-        trials,
-        int(data.get("seed", 0)),
-        objective,
+        counts["trials"],
+        counts["seed"],
+        str(objective),
         choices,
         ranges,
         source=str(path),
@@ -186,51 +292,67 @@ def load_search_space(path: Path) -> SearchSpace:
     )
 
 
+def _value(name: str, value: object, path: Path) -> float:
+    """One value of parameter ``name``: a duration string for a duration, else a number."""
+    param = parameter(name)
+    where = f"parameters.{name}"
+    if param is not None and param.unit == _DURATION:
+        try:
+            return parse_duration(value, path=where)
+        except ValueError as e:
+            raise SearchSpaceError(f"{path}: {e}") from e
+    if not _is_number(value):
+        raise SearchSpaceError(f"{path}: {where}: need numbers, got {show(value)}")
+    assert isinstance(value, int | float)
+    if not math.isfinite(value):
+        raise SearchSpaceError(f"{path}: {where}: {value} is not a finite number")
+    return float(value)
+
+
 def _load_parameters(
     raw: dict[object, object], method: str, path: Path
 ) -> tuple[dict[str, tuple[float, ...]], dict[str, tuple[float, float]]]:
-    """The ``parameters`` section: each a list of numbers, or (random search) ``{min, max}``."""
+    """The ``parameters`` section: each a list of values, or (random search) ``{min, max}``;
+    durations as strings, other values as numbers."""
     choices: dict[str, tuple[float, ...]] = {}
     ranges: dict[str, tuple[float, float]] = {}
     for name, spec in raw.items():
         if not isinstance(name, str) or not _is_param(name):
             raise SearchSpaceError(f"{path}: parameters.{name}: {_not_a_parameter(name)}")
-        numbers = list(spec.values()) if isinstance(spec, dict) else spec
-        if not isinstance(numbers, list):
-            numbers = []
-        bad = [v for v in numbers if isinstance(v, float) and not math.isfinite(v)]
-        if bad:
-            raise SearchSpaceError(f"{path}: parameters.{name}: {bad[0]} is not a finite number")
-        if isinstance(spec, list) and spec and all(_is_number(v) for v in spec):
-            choices[name] = tuple(float(v) for v in spec)
-        elif (
-            isinstance(spec, dict)
-            and set(spec) == {"min", "max"}
-            and method == "random"
-            and all(_is_number(v) for v in spec.values())
-        ):
-            low, high = float(spec["min"]), float(spec["max"])
+        if isinstance(spec, list) and spec:
+            choices[name] = tuple(_value(name, v, path) for v in spec)
+        elif isinstance(spec, dict) and set(spec) == {"min", "max"} and method == "random":
+            low, high = _value(name, spec["min"], path), _value(name, spec["max"], path)
             if not low <= high:
-                raise SearchSpaceError(f"{path}: parameters.{name}: min {low} > max {high}")
+                raise SearchSpaceError(
+                    f"{path}: parameters.{name}: min {param_text(name, low)} > max "
+                    f"{param_text(name, high)}"
+                )
             ranges[name] = (low, high)
         else:
             raise SearchSpaceError(
-                f"{path}: parameters.{name}: need a list of numbers"
+                f"{path}: parameters.{name}: need a list of values"
                 + (" or {min, max}" if method == "random" else "")
-                + f", got {spec!r}"
+                + f", got {show(spec)}"
             )
     return choices, ranges
 
 
 def _not_a_parameter(name: object) -> str:
-    """Why ``name`` is refused, with the closest parameter (a queue's field: of that queue)."""
-    parts = str(name).split(".")
+    """Why ``name`` is refused: the new spelling of an old name, else the closest parameter
+    (a queue's field: of that queue)."""
+    text = str(name)
+    parts = text.split(".")
     queue = parts[1] if parts[0] == "queues" and len(parts) > 2 else "QUEUE"
-    known = sorted(
-        [*_TOP, *(f"defaults.{d}" for d in _DEFAULTS)]
-        + [f"queues.{queue}.{f}" for f in _QUEUE_FIELDS]
-    )
-    close = difflib.get_close_matches(str(name), known, n=1)
+    field = ".".join(parts[2:]) if queue != "QUEUE" else text
+    if field in RENAMED:
+        new = RENAMED[field]
+        full = f"queues.{queue}.{new}" if queue != "QUEUE" else new
+        unit = parameter(full)
+        hint = " (durations as strings, e.g. '5m')" if unit and unit.unit == _DURATION else ""
+        return f"is now spelled {full!r}, as in the policy file{hint}"
+    known = sorted([*PARAMETERS, *(f"queues.{queue}.{f}" for f in QUEUE_PARAMETERS)])
+    close = difflib.get_close_matches(text, known, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else f"; one of {', '.join(known)}"
     return f"not a policy parameter{hint}"
 
@@ -247,7 +369,8 @@ def _load_constraints(raw: object, path: Path) -> dict[str, tuple[float, float]]
         return {}
     if not isinstance(raw, dict):
         raise SearchSpaceError(
-            f"{path}: constraints: need a mapping of report figures to {{min, max}}, got {raw!r}"
+            f"{path}: constraints: need a mapping of report figures to {{min, max}}, "
+            f"got {show(raw)}"
         )
     out: dict[str, tuple[float, float]] = {}
     for name, bound in raw.items():
@@ -261,7 +384,7 @@ def _load_constraints(raw: object, path: Path) -> dict[str, tuple[float, float]]
         ):
             raise SearchSpaceError(
                 f"{path}: constraints.{name}: need {{min: N}}, {{max: N}} or both, with finite "
-                f"numbers, got {bound!r}"
+                f"numbers, got {show(bound)}"
             )
         low, high = float(bound.get("min", -math.inf)), float(bound.get("max", math.inf))
         if low > high:
@@ -297,10 +420,10 @@ def check_values(space: SearchSpace, base_policy: ElasticPolicy) -> None:
         for value in sorted(set(values)):
             text = policy_yaml(apply_params(base_policy, {name: value}))
             try:
-                parse_policy(yaml.safe_load(text), source=name)
+                parse_policy(load_yaml(text), source=name)
             except PolicyError as e:
                 raise SearchSpaceError(
-                    f"{space.source}: parameters.{name}: {value:g} is refused: "
+                    f"{space.source}: parameters.{name}: {param_text(name, value)} is refused: "
                     + "; ".join(e.problems)
                 ) from e
 
@@ -333,7 +456,12 @@ def candidates(space: SearchSpace) -> list[dict[str, float]]:
     seen: set[tuple[float, ...]] = set()
     while len(out) < space.trials:
         params = {n: float(rng.choice(v)) for n, v in space.choices.items()}
-        params.update({n: float(rng.uniform(lo, hi)) for n, (lo, hi) in space.ranges.items()})
+        params.update(
+            {
+                n: min(hi, max(lo, _rounded(n, float(rng.uniform(lo, hi)))))
+                for n, (lo, hi) in space.ranges.items()
+            }
+        )
         key = tuple(params.values())
         if key not in seen:
             seen.add(key)
@@ -342,8 +470,8 @@ def candidates(space: SearchSpace) -> list[dict[str, float]]:
 
 
 def apply_params(policy: ElasticPolicy, params: Mapping[str, float]) -> ElasticPolicy:
-    """``policy`` with ``params`` (``interval_s``, ``defaults.cooldown_s``,
-    ``queues.<queue>.headroom.gpus``, ...) set."""
+    """``policy`` with ``params`` (``interval``, ``defaults.cooldown``,
+    ``queues.<queue>.headroom.gpus``, ...; durations in seconds) set."""
     top: dict[str, Any] = {}
     defaults: dict[str, Any] = {}
     per_queue: dict[QueueName, dict[str, float]] = {}
@@ -352,9 +480,9 @@ def apply_params(policy: ElasticPolicy, params: Mapping[str, float]) -> ElasticP
         if queue is not None:
             per_queue.setdefault(QueueName(queue[0]), {})[queue[1]] = value
             continue
-        field = name.removeprefix("defaults.")
-        cast: Any = round(value) if field in _INTS else value
-        (defaults if name.startswith("defaults.") else top)[field] = cast
+        param = PARAMETERS[name]
+        cast: Any = round(value) if param.unit == _INT else value
+        (defaults if param.owner == "defaults" else top)[param.field] = cast
     queues = tuple(_queue_with(q, per_queue.get(q.name, {})) for q in policy.queues)
     return dataclasses.replace(
         policy, defaults=dataclasses.replace(policy.defaults, **defaults), queues=queues, **top
@@ -362,16 +490,16 @@ def apply_params(policy: ElasticPolicy, params: Mapping[str, float]) -> ElasticP
 
 
 def _queue_with(queue: QueuePolicy, fields: Mapping[str, float]) -> QueuePolicy:
-    """``queue`` with ``fields`` (``headroom.gpus``, ``max_elastic_gpus``, ...) set."""
+    """``queue`` with ``fields`` (``headroom.gpus``, ``maxElasticGpus``, ...) set."""
     if not fields:
         return queue
-    headroom = {
-        f.removeprefix("headroom."): v for f, v in fields.items() if f != "max_elastic_gpus"
-    }
+    headroom: dict[str, Any] = {}
+    own: dict[str, Any] = {}
+    for name, value in fields.items():
+        param = QUEUE_PARAMETERS[name]
+        (headroom if param.owner == "headroom" else own)[param.field] = value
     return dataclasses.replace(
-        queue,
-        headroom=dataclasses.replace(queue.headroom, **headroom),
-        max_elastic_gpus=fields.get("max_elastic_gpus", queue.max_elastic_gpus),
+        queue, headroom=dataclasses.replace(queue.headroom, **headroom), **own
     )
 
 
@@ -466,16 +594,17 @@ def _judge(
 
 def param_value(policy: ElasticPolicy, name: str) -> float | None:
     """The value ``policy`` has for the parameter ``name`` (None: a field left unset, such as a
-    queue's forecast quantile)."""
+    queue's forecast quantile); durations in seconds."""
     queue = _queue_param(name)
+    owner: Any
     if queue is not None:
+        param = QUEUE_PARAMETERS[queue[1]]
         found = next(q for q in policy.queues if q.name == queue[0])
-        owner: Any = found.headroom if queue[1].startswith("headroom.") else found
-        value = getattr(owner, queue[1].removeprefix("headroom."))
-    elif name.startswith("defaults."):
-        value = getattr(policy.defaults, name.removeprefix("defaults."))
+        owner = found.headroom if param.owner == "headroom" else found
     else:
-        value = getattr(policy, name)
+        param = PARAMETERS[name]
+        owner = policy.defaults if param.owner == "defaults" else policy
+    value = getattr(owner, param.field)
     return None if value is None else float(value)
 
 
@@ -549,11 +678,17 @@ def tune(
                     base = trial
                     row: list[object] = [
                         "base",
-                        *("" if v is None else v for v in base_values.values()),
+                        *("" if v is None else param_text(n, v) for n, v in base_values.items()),
                     ]
                 else:
                     finished.append(trial)
-                    row = [trial.index, *(trial.params.get(n, "") for n in names)]
+                    row = [
+                        trial.index,
+                        *(
+                            param_text(n, trial.params[n]) if n in trial.params else ""
+                            for n in names
+                        ),
+                    ]
                 writer.writerow(
                     [*row, trial.objective]
                     + [trial.figures[n] for n in bounded]

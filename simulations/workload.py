@@ -82,11 +82,14 @@ class Workload:
         name: a label for reports.
         jobs: the jobs, by ``submit_s``.
         skipped_rows: bad trace rows skipped with ``--skip-bad-rows``.
+        skipped: each skipped row's line in the trace and what was wrong with it, in file
+            order (a loader that counts without saying why leaves it empty).
     """
 
     name: str
     jobs: tuple[WorkloadJob, ...]
     skipped_rows: int = 0
+    skipped: tuple[tuple[int, str], ...] = ()
 
 
 # Parameters of the built-in generator, fitted (by the command below) to the Philly trace as Pollux
@@ -191,8 +194,8 @@ def generate_workload(
     load: float = DEFAULT_LOAD,
     cluster_gpus: int = 32,
     elastic_fraction: float = 0.5,
-    elastic_queue: str = "research",
-    fixed_queue: str = "production",
+    elastic_queue: str | None = None,
+    fixed_queue: str | None = None,
     diurnal_amplitude: float = 0.5,
 ) -> Workload:
     """Generate tide's built-in workload: diurnal Poisson arrivals, heavy-tailed sizes/durations.
@@ -209,8 +212,10 @@ def generate_workload(
         load: offered load, a share of ``cluster_gpus`` (see ``DEFAULT_LOAD``).
         cluster_gpus: GPUs of the cluster the workload is for.
         elastic_fraction: share of jobs that are elastic (they go to ``elastic_queue``).
-        elastic_queue: queue of the elastic jobs.
-        fixed_queue: queue of the non-elastic jobs.
+        elastic_queue: queue of the elastic jobs; None lets the cluster place them, so that the
+            workload fits any cluster: in its first queue marked elastic (``QueueSpec.elastic``).
+        fixed_queue: queue of the non-elastic jobs; None lets the cluster place them: in its
+            first queue marked non-elastic, or its first queue when every queue is elastic.
         diurnal_amplitude: relative swing of the arrival rate, in [0, 1].
 
     Returns:
@@ -255,11 +260,12 @@ def generate_workload(
         ln_d = rng.normal(_LN_DURATION_MEAN[replicas], _LN_DURATION_STD)
         run_s = float(np.clip(math.exp(ln_d), _MIN_DURATION_S, _MAX_DURATION_S))
         name = f"{'el' if elastic else 'fx'}-{job_type.name}-{index}"
+        queue = elastic_queue if elastic else fixed_queue
         jobs.append(
             WorkloadJob(
                 key=JobKey(f"{'research' if elastic else 'prod'}/{name}"),
                 submit_s=round(t, 1),
-                queue=QueueName(elastic_queue if elastic else fixed_queue),
+                queue=None if queue is None else QueueName(queue),
                 elastic=elastic,
                 gpus_per_replica=1,
                 min_replicas=min_replicas,
@@ -267,7 +273,7 @@ def generate_workload(
                 requested_replicas=replicas,
                 work_units=run_s * job_type.profile.rate(replicas),
                 profile=job_type.profile,
-                source=f"builtin(seed={seed})#{index}",
+                source=f"built-in workload (seed {seed}), job {name}",
             )
         )
     return Workload(name=f"builtin-seed{seed}-load{load:g}", jobs=tuple(jobs))

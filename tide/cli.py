@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.console import Console
-from rich.table import Table
+from typer.core import TyperArgument, TyperOption
 
 from scheduler_policy.adapters.observation_file import (
     example_observation_path,
@@ -22,7 +24,9 @@ from scheduler_policy.policy.file import load_policy
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.errors import TideError
 from scheduler_policy.vocabulary.state import Observation
-from tide import policy_commands, sim_commands, tune_command
+from tide import history_command, policy_commands, sim_commands, tune_command
+from tide.plan_view import plan_document, plan_renderable, queue_views
+from tide.sim_options import error_lines
 
 app = typer.Typer(
     name="tide",
@@ -30,9 +34,60 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+# What a value of each option is, in the help (`--duration HOURS`): typer would print each
+# parameter's Python type instead (`<float>`, `<list[Path]>`, and `<bool>` after every flag).
+METAVARS = {
+    "--trace": "FILE", "--format": "FORMAT", "--member": "NAME", "--cluster": "FILE",
+    "--policy": "FILE", "--policies": "LIST", "--seed": "N", "--seeds": "0,1,2",
+    "--duration": "HOURS", "--load": "SHARE", "--start": "HOURS", "--end": "HOURS",
+    "--horizon": "HOURS", "--node-mtbf": "HOURS", "--metrics-outage-every": "HOURS",
+    "--quiet-interval": "SECONDS", "--workers": "N", "--out": "DIR", "--json": "PATH",
+    "--observation": "FILE",
+}  # fmt: skip
+
+
+def _help_type(param: TyperArgument | TyperOption, ctx: click.Context) -> str | None:
+    """The help's type column: a flag has none, an argument's name says it (``PATH...``), an
+    option shows what its value is (``METAVARS``)."""
+    if isinstance(param, TyperArgument):
+        return None
+    if param.is_flag or param.count:
+        return None
+    long = next((o for o in param.opts if o.startswith("--")), "")
+    return param.metavar or METAVARS.get(long) or (param.name or "value").upper()
+
+
+# typer (0.29) has no setting for this; its two parameter classes take the column from here.
+TyperArgument.display_type_rich = _help_type  # type: ignore[method-assign,assignment]
+TyperOption.display_type_rich = _help_type  # type: ignore[method-assign,assignment]
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            version = importlib.metadata.version("tide")
+        except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+            version = "unknown (not installed)"
+        typer.echo(f"tide {version}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print tide's version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Elastic GPU autoscaling for Volcano: plan, validate and simulate scaling policies."""
+
+
 policy_commands.register(app)
 sim_commands.register(app)
 tune_command.register(app)
+history_command.register(app)
 
 
 def plan_observation(*, observation: Observation, policy: ElasticPolicy) -> Plan:
@@ -46,23 +101,6 @@ def plan_observation(*, observation: Observation, policy: ElasticPolicy) -> Plan
         The plan: decisions and the writes they imply.
     """
     return decide(observation, policy, models=ModelCache(refit_s=policy.model_refit_s))
-
-
-def _plan_table(plan: Plan) -> Table:
-    table = Table(title="tide plan", show_lines=False)
-    table.add_column("job", no_wrap=True)
-    table.add_column("replicas", justify="right", no_wrap=True)
-    table.add_column("reason", no_wrap=True)
-    table.add_column("message", ratio=1, min_width=30)
-    for d in plan.decisions:
-        arrow = f"{d.current_replicas} → {d.target_replicas}"
-        style = (
-            "green"
-            if d.target_replicas > d.current_replicas
-            else ("yellow" if d.target_replicas < d.current_replicas else "")
-        )
-        table.add_row(d.job, f"[{style}]{arrow}[/]" if style else arrow, d.reason.value, d.message)
-    return table
 
 
 @app.command()
@@ -86,7 +124,12 @@ def plan(
         ),
     ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print the decisions as JSON instead of a table.")
+        bool,
+        typer.Option(
+            "--json",
+            help="Print JSON instead of a table: the decisions, and each managed queue's "
+            "budget, headroom and forecast.",
+        ),
     ] = False,
 ) -> None:
     """Print the decisions the engine would make for an observation, with their reasons."""
@@ -95,22 +138,16 @@ def plan(
         loaded = load_observation(observation or example_observation_path())
         result = plan_observation(observation=loaded, policy=loaded_policy)
     except TideError as e:
-        Console(stderr=True).print(f"[red]error:[/] {e}", highlight=False)
+        for line in error_lines(e):
+            Console(stderr=True).print(line, highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1) from e
     if as_json:
-        decisions = [
-            {
-                "job": d.job,
-                "current_replicas": d.current_replicas,
-                "target_replicas": d.target_replicas,
-                "reason": d.reason.value,
-                "message": d.message,
-            }
-            for d in result.decisions
-        ]
-        typer.echo(json.dumps(decisions, indent=2))
+        queues = queue_views(
+            loaded, loaded_policy, models=ModelCache(refit_s=loaded_policy.model_refit_s)
+        )
+        typer.echo(json.dumps(plan_document(result, queues), indent=2))
         return
-    Console().print(_plan_table(result))
+    Console().print(plan_renderable(result))
 
 
 def main() -> None:

@@ -18,15 +18,24 @@ from rich.table import Column, Table
 from scheduler_policy.policy.file import policy_document
 from simulations.api import Case, PolicyRun, Seeded, run_cases, write_json_report
 from simulations.bounds import jct_lower_bounds_h
-from simulations.cluster_config import ClusterSpec
+from simulations.cluster_config import ClusterSpec, cluster_document
 from simulations.report import Summary, summarize, write_jobs_csv
 from simulations.run import SimResult
+from simulations.workload import Workload
 
 BOUND_TERMS = (
     "a relaxation: every job from its submission at its best sizes, sharing the cluster's GPUs "
     "within each queue's capability, with no gangs, deserved shares or restarts"
 )
 """What the printed lower bound assumes (``simulations.bounds.jct_lower_bound_h``)."""
+
+
+NO_BOUND = "lower bound on the average JCT: skipped (--no-bound)"
+
+
+def _json_number(value: float) -> float | None:
+    """A figure as JSON holds it: null for NaN (JSON has no NaN)."""
+    return None if math.isnan(value) else value
 
 
 def fmt(value: float, digits: int = 2) -> str:
@@ -253,6 +262,7 @@ def run_comparison(
     out_dir: Path,
     json_path: Path | None,
     workers: int = 1,
+    with_bound: bool = True,
 ) -> list[Summary]:
     """Run every policy on every seed's workload, print the table, write the reports and plots.
 
@@ -268,6 +278,8 @@ def run_comparison(
             CDF of every seed, the others of the first).
         json_path: where else to write the JSON report; None for nowhere else.
         workers: processes the runs go in at once (``run_cases``).
+        with_bound: whether to solve and print the lower bound on the average JCT
+            (``--no-bound`` skips it, and the output says so).
 
     Returns:
         One summary per policy per seed, seed by seed.
@@ -283,6 +295,8 @@ def run_comparison(
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        # Piped or redirected, a bar has nothing to show and would leave a blank first line.
+        disable=not console.is_terminal,
         # No refresh thread while worker processes are forked: a fork copies the locks another
         # thread holds, and the bar moves at each finished run anyway.
         auto_refresh=not parallel,
@@ -322,9 +336,14 @@ def run_comparison(
             cases, cluster=cluster, on_done=advance, workers=workers, on_progress=show
         )
     summaries = [summarize(r) for r in results]
-    bounds = jct_lower_bounds_h([one.workload for one in seeded], cluster)
+    bounds = (
+        jct_lower_bounds_h([one.workload for one in seeded], cluster)
+        if with_bound
+        else [math.nan] * len(seeded)
+    )
     if len(seeded) == 1:
-        _print_one(console, summaries, first, cluster, bounds[0])
+        resizing = {run.label: run.kind != "static" for run in runs}
+        _print_one(console, summaries, first, cluster, bounds[0], resizing)
     else:
         _print_seeds(console, summaries, seeds, seeded, cluster, bounds, reference=runs[0].label)
     for summary, seed in zip(summaries, seeds, strict=True):
@@ -341,13 +360,15 @@ def run_comparison(
         "gpus": cluster.total_gpus,
         "jobs": len(first.workload.jobs),
         "skipped_rows": first.workload.skipped_rows,
-        "avg_jct_lower_bound_h": bounds[0],
+        # Each skipped row's line and reason (a trace skips the same rows at every seed).
+        "skipped": [{"line": line, "problem": problem} for line, problem in first.workload.skipped],
+        "avg_jct_lower_bound_h": _json_number(bounds[0]),
         "seeds": [one.seed for one in seeded],
         "jobs_by_seed": [len(one.workload.jobs) for one in seeded],
-        "avg_jct_lower_bound_h_by_seed": bounds,
+        "avg_jct_lower_bound_h_by_seed": [_json_number(b) for b in bounds],
         # What ran, so that a report can be reproduced: the whole cluster, each tide policy as
         # its file would say it, and the run options (the seeds' differ only in their seed).
-        "cluster_spec": dataclasses.asdict(cluster),
+        "cluster_spec": cluster_document(cluster),
         "policies": {
             run.label: policy_document(run.policy) if run.policy else run.kind for run in runs
         },
@@ -363,10 +384,15 @@ def run_comparison(
     except ImportError as e:
         console.print(
             f"report and jobs.csv (every job under every policy) in {out_dir}; no plots: "
-            f"{e.name} is not installed (pip install 'tide[plots]')"
+            f"{e.name} is not installed (pip install 'tide\\[plots]')"
         )
         return summaries
-    plots = plot_all(results, out_dir, seeds=[one.seed for one in seeded])
+    plots = plot_all(
+        results,
+        out_dir,
+        seeds=[one.seed for one in seeded],
+        subject=f"{_name(seeded)} on {cluster.name}, {cluster.total_gpus} GPUs",
+    )
     of_seed = (
         f" (the JCT CDF of every seed's jobs, the others of seed {first.seed})"
         if len(seeded) > 1
@@ -377,6 +403,43 @@ def run_comparison(
         f"in {out_dir}"
     )
     return summaries
+
+
+def resize_lines(summaries: Sequence[Summary], *, resizing: dict[str, bool]) -> list[str]:
+    """Where a policy that never resizes a job shows rescales, what they were: Volcano placing
+    a job's pods above its ``minAvailable`` as GPUs free up (each a restart of its workers), and
+    reclaim's kills.
+
+    Args:
+        summaries: one per policy.
+        resizing: per policy label, whether the policy resizes jobs itself.
+    """
+    lines = []
+    for s in summaries:
+        if resizing.get(s.policy, True) or not s.rescales:
+            continue
+        others = s.rescales - s.late_pods
+        rest = f", {others} requeue(s) after a kill or a node failure" if others else ""
+        lines.append(
+            f"{s.policy} resizes no job: its {s.rescales} rescales are Volcano placing jobs' "
+            f"pods above minAvailable as GPUs free up ({s.late_pods}, each a restart of the "
+            f"job's workers: {s.restart_gpu_hours:.2f} GPU-h){rest}; pods were killed "
+            f"{s.kills} time(s), by reclaim or node failures ({s.killed_gpu_hours:.2f} GPU-h "
+            "of work lost)"
+        )
+    return lines
+
+
+def skipped_line(workload: Workload) -> str:
+    """What ``--skip-bad-rows`` skipped, on screen: how many rows, and their lines (the first
+    20); each line's reason is in the report."""
+    lines = [str(line) for line, _ in workload.skipped[:20]]
+    more = f" and {len(workload.skipped) - 20} more" if len(workload.skipped) > 20 else ""
+    where = f": line(s) {', '.join(lines)}{more}" if lines else ""
+    return (
+        f"skipped {workload.skipped_rows} bad trace row(s){where} (each with its reason in "
+        "report.json, meta.skipped)"
+    )
 
 
 def _name(seeded: Sequence[Seeded]) -> str:
@@ -391,6 +454,7 @@ def _print_one(
     one: Seeded,
     cluster: ClusterSpec,
     bound_h: float,
+    resizing: dict[str, bool],
 ) -> None:
     workload = one.workload
     print_fitted(
@@ -402,12 +466,17 @@ def _print_one(
         ),
     )
     console.print(idle_line(summaries))
+    for line in resize_lines(summaries, resizing=resizing):
+        console.print(line)
     if workload.skipped_rows:
-        console.print(f"skipped {workload.skipped_rows} bad trace row(s)")
-    console.print(
-        f"no policy can bring the average JCT of all jobs below {bound_h:.2f} h ({BOUND_TERMS})"
-        + _to_bound([summaries[0]], [bound_h])
-    )
+        console.print(skipped_line(workload))
+    if math.isnan(bound_h):
+        console.print(NO_BOUND)
+    else:
+        console.print(
+            f"no policy can bring the average JCT of all jobs below {bound_h:.2f} h "
+            f"({BOUND_TERMS})" + _to_bound([summaries[0]], [bound_h])
+        )
     faults = one.options.faults
     if faults.node_mtbf_s is not None or faults.outage_every_s is not None:
         # The same seeded faults for every policy; a run that lasts longer sees more of them.
@@ -457,14 +526,17 @@ def _print_seeds(
     for line in ratio_lines(summaries, seeds, reference=reference):
         console.print(line)
     console.print(idle_line(summaries))
-    skipped = sorted({one.workload.skipped_rows for one in seeded})
-    if skipped[-1]:
-        console.print(f"skipped {skipped[-1]} bad trace row(s)")
-    console.print(
-        f"no policy can bring the average JCT of all jobs below {_median(bounds):.2f} h, median "
-        f"over the seeds ({min(bounds):.2f}–{max(bounds):.2f}; {BOUND_TERMS})"
-        + _to_bound([s for s in summaries if s.policy == reference], bounds)
-    )
+    most = max((one.workload for one in seeded), key=lambda w: w.skipped_rows)
+    if most.skipped_rows:
+        console.print(skipped_line(most))
+    if all(math.isnan(b) for b in bounds):
+        console.print(NO_BOUND)
+    else:
+        console.print(
+            f"no policy can bring the average JCT of all jobs below {_median(bounds):.2f} h, "
+            f"median over the seeds ({min(bounds):.2f}–{max(bounds):.2f}; {BOUND_TERMS})"
+            + _to_bound([s for s in summaries if s.policy == reference], bounds)
+        )
     faults = seeded[0].options.faults
     if faults.node_mtbf_s is not None or faults.outage_every_s is not None:
         console.print("faults injected, drawn per seed; what each run saw is in the JSON report")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -21,12 +22,14 @@ from tide.sim_options import (
     DEFAULT_DURATION_H,
     ClusterOpt,
     DurationOpt,
+    EndOpt,
     FormatOpt,
     HorizonOpt,
     JsonOpt,
     LoadOpt,
     MemberOpt,
     MtbfOpt,
+    NoBoundOpt,
     OutageOpt,
     OutOpt,
     QuietOpt,
@@ -34,10 +37,12 @@ from tide.sim_options import (
     SeedsOpt,
     SimWorkersOpt,
     SkipOpt,
+    StartOpt,
     TraceOpt,
     chosen_seeds,
     console,
     long_trace_tip,
+    print_error,
     seed_options,
     seeded_workloads,
     warn_policy,
@@ -56,6 +61,8 @@ def _seeded_setup(
     load: float,
     skip_bad_rows: bool,
     options: Callable[[int], RunOptions],
+    start_h: float = 0.0,
+    end_h: float | None = None,
 ) -> tuple[list[Seeded], ClusterSpec]:
     """The cluster, and each seed's workload and run options (``seed_options``)."""
     cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
@@ -69,8 +76,40 @@ def _seeded_setup(
         load=load,
         skip_bad_rows=skip_bad_rows,
         options=options,
+        start_h=start_h,
+        end_h=end_h,
     )
     return seeded, cluster
+
+
+POLICY_NAMES = ("tide", *BASELINE_NAMES)
+
+
+def policy_names(text: str) -> list[str]:
+    """``--policies`` as a list of names: comma-separated, at least one, each known, none twice.
+
+    Args:
+        text: the option's value.
+
+    Returns:
+        The names, in the order given.
+
+    Raises:
+        SimulationError: an empty list, an unknown name (with the nearest known one) or a name
+            given twice.
+    """
+    known = ", ".join(POLICY_NAMES)
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        raise SimulationError(f"--policies: no policy given; name one or more of {known}")
+    for i, name in enumerate(names):
+        if name not in POLICY_NAMES:
+            close = difflib.get_close_matches(name, POLICY_NAMES, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise SimulationError(f"--policies: unknown policy {name!r}; {hint}known: {known}")
+        if name in names[:i]:
+            raise SimulationError(f"--policies: {name} is given twice")
+    return names
 
 
 def register(app: typer.Typer) -> None:
@@ -100,18 +139,22 @@ def register(app: typer.Typer) -> None:
         seeds: SeedsOpt = None,
         duration_h: DurationOpt = DEFAULT_DURATION_H,
         load: LoadOpt = DEFAULT_LOAD,
+        start_h: StartOpt = 0.0,
+        end_h: EndOpt = None,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
         node_mtbf_h: MtbfOpt = None,
         outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
         workers: SimWorkersOpt = None,
+        no_bound: NoBoundOpt = False,
         out: OutOpt = Path("tide-sim-out"),
         json_path: JsonOpt = None,
     ) -> None:
         """Replay a workload through tide's engine and the baselines; compare them."""
         chosen = chosen_seeds(seed, seeds)
         try:
+            names = policy_names(policies)  # before any file is read
             seeded, cluster = _seeded_setup(
                 trace=trace,
                 fmt=fmt,
@@ -121,19 +164,15 @@ def register(app: typer.Typer) -> None:
                 duration_h=duration_h,
                 load=load,
                 skip_bad_rows=skip_bad_rows,
+                start_h=start_h,
+                end_h=end_h,
                 options=seed_options(
                     horizon_h=horizon_h, mtbf_h=node_mtbf_h, outage_h=outage_h, quiet_s=quiet_s
                 ),
             )
             policy = load_policy(policy_file) if policy_file else default_policy_for(cluster)
             warn_policy(policy, cluster)
-            runs: list[PolicyRun] = []
-            for name in [p.strip() for p in policies.split(",") if p.strip()]:
-                if name != "tide" and name not in BASELINE_NAMES:
-                    raise SimulationError(f"--policies: unknown policy {name!r}")
-                if any(run.label == name for run in runs):
-                    raise SimulationError(f"--policies: {name} is given twice")
-                runs.append(PolicyRun(name, name, policy if name == "tide" else None))
+            runs = [PolicyRun(name, name, policy if name == "tide" else None) for name in names]
             long_trace_tip([seeded[0].workload], quiet_s)
             run_comparison(
                 console=console,
@@ -143,9 +182,10 @@ def register(app: typer.Typer) -> None:
                 out_dir=out,
                 json_path=json_path,
                 workers=worker_count(workers, len(runs) * len(seeded)),
+                with_bound=not no_bound,
             )
         except (SimulationError, TideError) as e:
-            console.print(f"[red]error:[/red] {e}")
+            print_error(e)
             raise typer.Exit(1) from e
 
     @app.command()
@@ -159,12 +199,15 @@ def register(app: typer.Typer) -> None:
         seeds: SeedsOpt = None,
         duration_h: DurationOpt = DEFAULT_DURATION_H,
         load: LoadOpt = DEFAULT_LOAD,
+        start_h: StartOpt = 0.0,
+        end_h: EndOpt = None,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
         node_mtbf_h: MtbfOpt = None,
         outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
         workers: SimWorkersOpt = None,
+        no_bound: NoBoundOpt = False,
         out: OutOpt = Path("tide-compare-out"),
         json_path: JsonOpt = None,
     ) -> None:
@@ -180,6 +223,8 @@ def register(app: typer.Typer) -> None:
                 duration_h=duration_h,
                 load=load,
                 skip_bad_rows=skip_bad_rows,
+                start_h=start_h,
+                end_h=end_h,
                 options=seed_options(
                     horizon_h=horizon_h, mtbf_h=node_mtbf_h, outage_h=outage_h, quiet_s=quiet_s
                 ),
@@ -203,7 +248,8 @@ def register(app: typer.Typer) -> None:
                 out_dir=out,
                 json_path=json_path,
                 workers=worker_count(workers, len(runs) * len(seeded)),
+                with_bound=not no_bound,
             )
         except (SimulationError, TideError) as e:
-            console.print(f"[red]error:[/red] {e}")
+            print_error(e)
             raise typer.Exit(1) from e

@@ -6,12 +6,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from scheduler_policy.policy.spec import ElasticPolicy
 from simulations.api import (
@@ -20,8 +23,10 @@ from simulations.api import (
     detect_format,
     load_workload,
     policy_queue_warnings,
+    time_window,
 )
 from simulations.cluster_config import ClusterSpec
+from simulations.errors import SimulationError
 from simulations.faults import FaultOptions
 from simulations.run import RunOptions
 from simulations.workload import DEFAULT_DURATION_S, DEFAULT_LOAD, Workload
@@ -34,8 +39,9 @@ TraceOpt = Annotated[
     Path | None,
     typer.Option(
         "--trace",
-        help="Trace file (tide CSV/JSONL, Pollux, Philly, ITP "
-        "tarball); default: the built-in workload.",
+        help="Trace file (tide CSV/JSONL, Pollux, Philly, ITP tarball); default: the built-in "
+        "workload, whose elastic jobs go to the cluster's first elastic queue and the others to "
+        "its first non-elastic queue (its first queue if every queue is elastic).",
     ),
 ]
 FormatOpt = Annotated[
@@ -65,8 +71,33 @@ LoadOpt = Annotated[
         f"window, as a share of the cluster's (default {DEFAULT_LOAD:g}, a busy cluster).",
     ),
 ]
+StartOpt = Annotated[
+    float,
+    typer.Option(
+        "--start",
+        min=0,
+        help="Replay only the trace's jobs submitted from this hour on (hours from the trace's "
+        "start; the replay starts there).",
+    ),
+]
+EndOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--end",
+        help="Replay only the trace's jobs submitted before this hour (hours from the trace's "
+        "start), e.g. --end 168 for its first week.",
+    ),
+]
 HorizonOpt = Annotated[
     float | None, typer.Option("--horizon", help="Stop the simulation at this time, hours.")
+]
+NoBoundOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-bound",
+        help="Skip the lower bound on the average JCT (a linear program: a second or so on "
+        "most workloads); the output says it was skipped.",
+    ),
 ]
 SkipOpt = Annotated[
     bool, typer.Option("--skip-bad-rows", help="Skip and count bad trace rows instead of failing.")
@@ -79,16 +110,33 @@ def _unwritable(path: Path, *, folder: bool) -> str | None:
     minutes must not end in a traceback for want of somewhere to write."""
     if not folder and path.is_dir():
         return f"{path} is a folder, not a file"
-    if not folder and path.exists() and not os.access(path, os.W_OK):
-        return f"{path} is not writable"
+    if not folder and path.exists():
+        try:  # append mode changes nothing; os.access says yes to root on a read-only mount
+            with path.open("a"):
+                pass
+        except OSError as e:
+            return f"{path} is not writable ({e.strerror or e})"
+        return None
     nearest = path if folder else path.parent
     while not nearest.exists():  # the folders to be made go under the nearest that exists
         nearest = nearest.parent
     if not nearest.is_dir():
         return f"{nearest} is a file, not a folder"
-    if not os.access(nearest, os.W_OK | os.X_OK):
-        return f"{nearest} is not writable"
-    return None
+    if folder and path.exists():
+        return None if _can_create_in(path) else f"{path} is not writable"
+    # Try what the command will do, in the nearest folder that exists, and undo it: /proc
+    # and read-only mounts pass os.access for root but refuse a new folder.
+    return None if _can_create_in(nearest) else f"cannot create {path}: {nearest} is not writable"
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a folder can be made in ``folder`` (it is removed at once)."""
+    try:
+        probe = tempfile.mkdtemp(prefix=".tide-probe-", dir=folder)
+    except OSError:
+        return False
+    os.rmdir(probe)
+    return True
 
 
 def writable_folder(path: Path) -> Path:
@@ -139,6 +187,49 @@ QuietOpt = Annotated[
         "happens, seconds (default: the interval).",
     ),
 ]
+
+
+_LISTING = re.compile(r"^(?P<source>.+): \d+ problem\(s\):$")
+_PLACE = re.compile(r"^(?P<place>[^ ]+?(?::\d+)?): (?P<rest>.*)$")
+
+
+def error_lines(error: Exception) -> list[str]:
+    """An error as every command prints it: ``FILE: error: problem`` (``FILE:LINE: error:``
+    for a trace row), one line per problem; ``error: problem`` when no file is at fault.
+
+    Args:
+        error: a ``TideError`` or ``SimulationError``, whose message names the file first.
+
+    Returns:
+        The lines, none blank.
+    """
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    listing = _LISTING.match(lines[0]) if lines else None
+    if listing is not None:  # "FILE: N problem(s):" then "  - problem" lines
+        source = listing.group("source")
+        return [f"{source}: error: {line.strip().removeprefix('- ')}" for line in lines[1:]]
+    out = []
+    for line in lines:
+        match = _PLACE.match(line)
+        place = match.group("place") if match else ""
+        if match and Path(place.rsplit(":", 1)[0] if place[-1:].isdigit() else place).exists():
+            out.append(f"{place}: error: {match.group('rest')}")
+        elif line.startswith(("and ", "  ")) or " bad rows in all" in line:
+            out.append(line)  # the tail of a list of bad rows
+        else:
+            out.append(f"error: {line}")
+    return out
+
+
+def print_error(error: Exception) -> None:
+    """Print ``error`` as ``error_lines`` gives it (red ``error:``, no markup read in it)."""
+    for line in error_lines(error):
+        head, found, rest = line.partition("error: ")
+        text = Text(head)
+        if found:
+            text.append("error: ", style="red")
+            text.append(rest)
+        console.print(text, highlight=False, soft_wrap=True)
 
 
 def seed_list(text: str) -> list[int]:
@@ -248,16 +339,26 @@ def seeded_workloads(
     load: float,
     skip_bad_rows: bool,
     options: Callable[[int], RunOptions],
+    start_h: float = 0.0,
+    end_h: float | None = None,
 ) -> list[Seeded]:
     """Each seed's workload (``trace``, or the built-in workload's draw when it is None) with
-    that seed's run options (its measurement noise and faults).
+    that seed's run options (its measurement noise and faults); of a trace, only the jobs
+    submitted between ``start_h`` and ``end_h`` (``time_window``).
 
     Philly and ITP traces give each job an elasticity and a job type by seed, so they are read
     once per seed; the other formats' jobs are the same whatever the seed, so they are read once.
     """
 
+    if trace is None and (start_h or end_h is not None):
+        raise SimulationError(
+            "--start/--end select a window of a --trace; the built-in workload's window is "
+            "--duration"
+        )
+    window = start_h > 0 or end_h is not None
+
     def read(seed: int) -> Workload:
-        return load_workload(
+        workload = load_workload(
             trace=trace,
             trace_format=fmt,
             member=member,
@@ -267,6 +368,11 @@ def seeded_workloads(
             cluster_gpus=cluster.total_gpus,
             skip_bad_rows=skip_bad_rows,
             gpus_per_node=cluster.gpus_per_node,
+        )
+        if not window:
+            return workload
+        return time_window(
+            workload, start_s=start_h * 3600, end_s=None if end_h is None else end_h * 3600
         )
 
     seed_free = trace is not None and (

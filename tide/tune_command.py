@@ -31,26 +31,32 @@ from simulations.tune import (
     check_values,
     distinct_sets,
     load_search_space,
+    param_text,
     param_value,
+    parameter,
     tune,
 )
 from simulations.workload import DEFAULT_LOAD
-from tide.comparison import BOUND_TERMS, print_fitted
+from tide.comparison import BOUND_TERMS, NO_BOUND, print_fitted
 from tide.comparison import fmt as format_number
 from tide.sim_options import (
     DEFAULT_DURATION_H,
     ClusterOpt,
     DurationOpt,
+    EndOpt,
     FormatOpt,
     HorizonOpt,
     LoadOpt,
     MemberOpt,
     MtbfOpt,
+    NoBoundOpt,
     OutageOpt,
     QuietOpt,
     SkipOpt,
+    StartOpt,
     console,
     long_trace_tip,
+    print_error,
     seed_list,
     seed_options,
     seeded_workloads,
@@ -71,6 +77,8 @@ def _tune_workloads(
     load: float,
     skip_bad_rows: bool,
     options: Callable[[int], RunOptions],
+    start_h: float = 0.0,
+    end_h: float | None = None,
 ) -> list[Seeded]:
     """What every trial of ``tide tune`` runs on: each trace, or the built-in workload's draw,
     at each seed. Each runs with its seed's measurement noise and faults (and, on Philly and
@@ -98,6 +106,8 @@ def _tune_workloads(
             load=load,
             skip_bad_rows=skip_bad_rows,
             options=options,
+            start_h=start_h,
+            end_h=end_h,
         )
     ]
 
@@ -110,13 +120,19 @@ def _trial_record(
     space: SearchSpace, trial: Trial, base: ElasticPolicy, seeded: list[Seeded]
 ) -> dict[str, object]:
     """A run as trials.json gives it: the base's run says ``base`` and gives its values."""
-    params: dict[str, float | None] = dict(trial.params)
+    values: dict[str, float | None] = dict(trial.params)
     if trial.is_base:
-        params = {n: param_value(base, n) for n in space.parameters}
+        values = {n: param_value(base, n) for n in space.parameters}
+    # As the policy file writes them: durations as strings ("5m"), other values as numbers.
+    params = {
+        n: None if v is None else (param_text(n, v) if _is_duration(n) else v)
+        for n, v in values.items()
+    }
     record: dict[str, object] = {
         "trial": "base" if trial.is_base else trial.index,
         "params": params,
         "objective": _json_number(trial.objective),
+        "spread": _json_number(_spread(trial)),
         "by_workload": [
             {"workload": one.workload.name, "seed": one.seed, space.objective: _json_number(v)}
             for one, v in zip(seeded, trial.by_workload, strict=True)
@@ -126,6 +142,18 @@ def _trial_record(
         record["figures"] = {n: _json_number(v) for n, v in trial.figures.items()}
         record["meets_constraints"] = trial.meets
     return record
+
+
+def _is_duration(name: str) -> bool:
+    param = parameter(name)
+    return param is not None and param.unit == "duration"
+
+
+def _spread(trial: Trial) -> float:
+    """The objective's range over the workloads (seeds) a trial ran on: how much of a
+    difference between two trials the workloads alone make; NaN on one workload."""
+    values = [v for v in trial.by_workload if math.isfinite(v)]
+    return max(values) - min(values) if len(values) > 1 else math.nan
 
 
 def _bound_text(low: float, high: float) -> str:
@@ -145,11 +173,14 @@ def _trials_table(space: SearchSpace, result: TuneResult, base_policy: ElasticPo
         if result.interrupted
         else f"{len(trials)} trials"
     )
-    notes = []
+    notes = ["best first; trial: its id in trials.csv and trials.json"]
     if any(n.startswith("defaults.") for n in names):
         notes.append("defaults.* parameters are shown without the prefix")
     if space.constraints:
-        notes.append("rank –: misses a constraint")
+        notes.append("–: misses a constraint")
+    several = bool(result.trials) and len(result.trials[0].by_workload) > 1
+    if several:
+        notes.append("spread: highest minus lowest objective over the workloads")
     table = Table(
         title=f"tide tune: {done}, objective {space.objective} "
         f"({'higher' if space.maximise else 'lower'} is better)",
@@ -158,10 +189,11 @@ def _trials_table(space: SearchSpace, result: TuneResult, base_policy: ElasticPo
         collapse_padding=True,
         caption="; ".join(notes) or None,
     )
-    # Headers break at their underscores, so that every name is whole in an 80-column
-    # terminal (an ellipsis would leave every "defaults." column unreadable).
-    for col in ("rank", *names, space.objective, *bounded):
-        header = col.removeprefix("defaults.").replace("_", "_\n")
+    # Headers break after their dots and underscores, so that every name is whole in an
+    # 80-column terminal (an ellipsis would leave every "defaults." column unreadable).
+    spread = ["spread"] if several else []
+    for col in ("trial", *names, space.objective, *spread, *bounded):
+        header = col.removeprefix("defaults.").replace(".", ".\n").replace("_", "_\n")
         widest = max(map(len, header.splitlines()))
         table.add_column(header, justify="right", overflow="fold", min_width=widest)
 
@@ -173,19 +205,19 @@ def _trials_table(space: SearchSpace, result: TuneResult, base_policy: ElasticPo
         base = result.base
         place = sum(order(t) < order(base) for t in ranked)
         ranked.insert(place, base)  # ahead of equal trials: a tie goes to the base
-    rank = 0
     for trial in ranked:
+        # The trial's id, as trials.csv and trials.json give it: a rank of its own would
+        # number the rows differently from the files.
+        label = "base" if trial.is_base else str(trial.index)
         if trial.is_base:
-            label = "base" if trial.meets else "base –"
             values = [param_value(base_policy, n) for n in names]
         else:
-            rank += trial.meets
-            label = str(rank) if trial.meets else "–"
             values = [trial.params.get(n) for n in names]
         table.add_row(
-            label,
-            *("none" if v is None else f"{v:g}" for v in values),
+            label if trial.meets else f"{label} –",
+            *(param_text(n, v) for n, v in zip(names, values, strict=True)),
             format_number(trial.objective, 3),
+            *([format_number(_spread(trial), 3)] if several else []),
             *(format_number(trial.figures[n], 3) for n in bounded),
         )
     return table
@@ -262,7 +294,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command(name="tune")
     def tune_command(
-        space_file: Annotated[Path, typer.Argument(help="Search space (YAML).")],
+        space_file: Annotated[
+            Path, typer.Argument(help="Search space (YAML).", metavar="SPACE.yaml")
+        ],
         traces: Annotated[
             list[Path] | None,
             typer.Option(
@@ -295,11 +329,14 @@ def register(app: typer.Typer) -> None:
         ] = None,
         duration_h: DurationOpt = DEFAULT_DURATION_H,
         load: LoadOpt = DEFAULT_LOAD,
+        start_h: StartOpt = 0.0,
+        end_h: EndOpt = None,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
         node_mtbf_h: MtbfOpt = None,
         outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
+        no_bound: NoBoundOpt = False,
         out: Annotated[
             Path,
             typer.Option(
@@ -331,8 +368,16 @@ def register(app: typer.Typer) -> None:
                 load=load,
                 skip_bad_rows=skip_bad_rows,
                 options=options,
+                start_h=start_h,
+                end_h=end_h,
             )
             long_trace_tip([one.workload for one in seeded], quiet_s)
+            if len(seeded) == 1:
+                console.print(
+                    "[yellow]warning:[/yellow] one workload at one seed: a difference between "
+                    "trials below the run-to-run noise is not a finding; give --seeds 0,1,2 "
+                    "(the table then shows each trial's spread across the seeds)"
+                )
             planned = len(candidates(space))
             if space.method == "random" and distinct_sets(space) < space.trials:
                 console.print(
@@ -346,6 +391,7 @@ def register(app: typer.Typer) -> None:
                 TimeElapsedColumn(),
                 console=console,
                 auto_refresh=False,  # no refresh thread while worker processes are forked
+                disable=not console.is_terminal,  # piped: no bar frozen halfway in the file
             ) as progress:
                 # The base policy runs as well as every candidate.
                 task = progress.add_task("tune", total=planned + 1)
@@ -383,7 +429,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"interrupted; finished trials are in {out / 'trials.csv'}")
             raise typer.Exit(130) from None
         except (SimulationError, TideError) as e:
-            console.print(f"[red]error:[/red] {e}")
+            print_error(e)
             raise typer.Exit(1) from e
         trials = result.trials
         if not trials:
@@ -402,7 +448,9 @@ def register(app: typer.Typer) -> None:
         if per_workload is not None:
             print_fitted(console, per_workload)
         console.print(_tune_outcome(space, result, out))
-        if space.objective == "avg_jct_h":
+        if space.objective == "avg_jct_h" and no_bound:
+            console.print(NO_BOUND)
+        elif space.objective == "avg_jct_h":
             # How far the search could go at all: the comparison's lower bound, per workload.
             bounds = jct_lower_bounds_h([one.workload for one in seeded], cluster)
             console.print(

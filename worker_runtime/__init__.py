@@ -5,6 +5,7 @@ See :class:`ElasticRun` for the training-loop API; torch is imported only in thi
 
 from worker_runtime.batching import BatchPlan, ScalingMode, plan_batch
 from worker_runtime.checkpoint import AsyncCheckpointer, SaveResult
+from worker_runtime.device import Placement
 from worker_runtime.env import WorkerEnv
 from worker_runtime.errors import (
     BatchConfigError,
@@ -31,6 +32,7 @@ __all__ = [
     "CorruptCheckpointError",
     "ElasticRun",
     "ElasticSampler",
+    "Placement",
     "Position",
     "ResumeInfo",
     "SaveResult",

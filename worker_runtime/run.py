@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from worker_runtime import collectives
 from worker_runtime.batching import BatchPlan, ScalingMode, plan_batch
 from worker_runtime.checkpoint import AsyncCheckpointer, SaveResult
+from worker_runtime.device import Placement, resolve_placement
 from worker_runtime.env import WorkerEnv
 from worker_runtime.errors import ConfigError
 from worker_runtime.metrics import WorkerMetrics
@@ -44,6 +45,16 @@ class ElasticRun:
     allocating the host buffers of the first save in the background; the :meth:`epochs` and
     :meth:`steps` iterators do the bookkeeping at every step boundary.
 
+    Device: with ``backend="auto"`` a worker whose local rank has a GPU uses NCCL and
+    ``cuda:<local_rank>``, any other worker gloo and the CPU; move the model to :attr:`device`
+    before entering (so the checkpoint loads onto it) and each micro batch before the forward.
+
+    Batches: the global batch is exact at every world size. When the world size does not divide
+    the micro batches of a step, ranks take different numbers of them (uneven accumulation: at
+    world size 5, 96 samples in micro batches of 8 are 3, 3, 2, 2, 2 micro batches); multiply
+    each micro batch's mean loss by :attr:`loss_scale` (not ``1 / len(batches)``) so that the
+    gradient is the global batch's mean whatever the split (see :mod:`worker_runtime.batching`).
+
     What a restart loses: a SIGTERM (every torchrun membership change) loses no step when the
     blocking save fits the grace period. A SIGKILL or crash loses at most N + W steps, N the
     checkpoint interval and W the steps run while the newest write was in flight; W <= N since a
@@ -69,11 +80,15 @@ class ElasticRun:
         registry: Prometheus registry (a fresh one when ``None``).
         environ: Environment to read (``os.environ`` when ``None``).
         metrics_addr: Address the metrics server binds (when ``TIDE_METRICS_PORT`` is set).
-        backend: Process-group backend used when the script has not initialized one.
+        backend: Process-group backend used when the script has not initialized one:
+            ``"auto"`` (NCCL when this worker's local rank has a CUDA device, else gloo),
+            ``"nccl"`` or ``"gloo"``.
 
     Raises:
-        ConfigError: When a setting or environment variable is invalid.
-        BatchConfigError: When the batch sizes do not fit the world size.
+        ConfigError: When a setting or environment variable is invalid, or ``backend="nccl"``
+            without a CUDA device for this worker.
+        BatchConfigError: When the global batch is not whole micro batches, or the world size
+            exceeds the micro batches of a step.
     """
 
     def __init__(
@@ -96,7 +111,7 @@ class ElasticRun:
         registry: CollectorRegistry | None = None,
         environ: Mapping[str, str] | None = None,
         metrics_addr: str = "0.0.0.0",
-        backend: str = "gloo",
+        backend: str = "auto",
     ) -> None:
         if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
             raise ConfigError(f"checkpoint_every_steps: must be >= 1, got {checkpoint_every_steps}")
@@ -126,9 +141,14 @@ class ElasticRun:
         )
         self.store = CheckpointStore(self.directory, keep=keep_checkpoints)
         self.checkpointer = AsyncCheckpointer(self.store, on_commit=self._on_commit)
-        self._backend = backend
+        self.placement: Placement = resolve_placement(backend, local_rank=self.env.local_rank)
         self._metrics_addr = metrics_addr
         self._start_step = 0
+        # torchrun numbers a pod's workers consecutively: its local rank 0, which serves the
+        # pod's metrics, counts the samples of all of them.
+        first = max(0, self.env.rank - self.env.local_rank)
+        pod_ranks = range(first, min(first + self.env.local_world_size, self.env.world_size))
+        self._pod_samples_per_step = sum(self.plan.samples_of(r) for r in pod_ranks)
         self._write_overlap_steps = 0
         self._stop = StopRequest()
         self._owns_group = False
@@ -142,8 +162,10 @@ class ElasticRun:
     # ---------------------------------------------------------------- lifecycle
 
     def __enter__(self) -> ElasticRun:
+        if self.placement.device.type == "cuda":
+            torch.cuda.set_device(self.placement.device)
         if self.env.world_size > 1 and not dist.is_initialized():
-            dist.init_process_group(backend=self._backend)
+            dist.init_process_group(backend=self.placement.backend)
             self._owns_group = True
         self._stop.install()
         if self.env.rank == 0:
@@ -210,9 +232,23 @@ class ElasticRun:
         return self.position.epoch
 
     @property
+    def device(self) -> torch.device:
+        """Where this worker's model and batches belong: ``cuda:<local_rank>`` or ``cpu``."""
+        return self.placement.device
+
+    @property
     def accumulation_steps(self) -> int:
-        """Micro batches per worker per optimizer step at the current world size."""
-        return self.plan.accumulation_steps
+        """Micro batches of this worker per optimizer step at the current world size."""
+        return self.plan.accumulation_steps_of(self.env.rank)
+
+    @property
+    def loss_scale(self) -> float:
+        """Factor for each micro batch's mean loss before ``backward`` (see the class docstring).
+
+        ``world_size / micro_batches_per_step``; ``1 / accumulation_steps`` when the ranks'
+        shares are even.
+        """
+        return self.plan.loss_scale
 
     @property
     def checkpoint_write_in_flight(self) -> bool:
@@ -243,6 +279,7 @@ class ElasticRun:
             seed=self.seed,
             shuffle=shuffle,
             global_batch_size=self.plan.global_batch_size,
+            micro_batch_size=self.plan.micro_batch_size,
             drop_last=True,
         )
         self._export_plan()
@@ -278,7 +315,8 @@ class ElasticRun:
             loader: Iterable over micro batches drawn with the run's sampler.
 
         Yields:
-            A list of ``accumulation_steps`` micro batches.
+            A list of this worker's :attr:`accumulation_steps` micro batches (ranks may differ
+            by one).
 
         Raises:
             ConfigError: When :meth:`make_sampler` was not called.
@@ -291,9 +329,10 @@ class ElasticRun:
         # the generator's stream the same whether the epoch starts fresh or mid-way on resume.
         with torch.random.fork_rng(devices=[]):
             batches_iter = iter(loader)
+        accumulation_steps = self.accumulation_steps
         for _ in range(steps_left):
             started_s = time.perf_counter()
-            batches = [next(batches_iter) for _ in range(self.plan.accumulation_steps)]
+            batches = [next(batches_iter) for _ in range(accumulation_steps)]
             yield batches
             self._end_step(started_s)
 
@@ -393,7 +432,7 @@ class ElasticRun:
         )
         self.metrics.steps.inc()
         self.metrics.consumed_samples.set(self.position.samples_total)
-        self.metrics.samples.inc(self.plan.samples_per_worker_per_step * self.env.local_world_size)
+        self.metrics.samples.inc(self._pod_samples_per_step)
         self.metrics.step_seconds.observe(time.perf_counter() - started_s)
         if self.env.rank == 0:
             write_progress(self.directory, self.position)

@@ -3,10 +3,13 @@
 The data position is ``(epoch, consumed_samples)``: ``consumed_samples`` counts the samples of the
 epoch's order that all workers together have trained on. The order is a permutation seeded by
 ``seed + epoch`` (or the identity without shuffling); a worker skips the consumed prefix and takes
-every ``world_size``-th of the rest starting at its rank. Because one optimizer step consumes the
-next ``global_batch_size`` samples of the order and each of the ``world_size`` workers takes
-``global_batch_size / world_size`` of them in stride, the prefix consumed after ``k`` steps is
-exactly the first ``k * global_batch_size`` samples, whatever the world size was at each step.
+its share of the rest. One optimizer step consumes the next ``global_batch_size`` samples of the
+order: with ``micro_batch_size`` given (as :class:`~worker_runtime.run.ElasticRun` does), they are
+cut into micro batches and micro batch ``j`` of the step goes to rank ``j % world_size`` (see
+:func:`~worker_runtime.batching.step_micro_batches`; the ranks' shares may then differ by one
+micro batch); without it, every ``world_size``-th sample goes to a rank, starting at its rank.
+Either way the prefix consumed after ``k`` steps is exactly the first ``k * global_batch_size``
+samples, whatever the world size was at each step.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Iterator, Sized
 import torch
 from torch.utils.data import Sampler
 
+from worker_runtime.batching import check_global_batch, step_micro_batches
 from worker_runtime.errors import ConfigError
 
 
@@ -30,11 +34,15 @@ class ElasticSampler(Sampler[int]):
         shuffle: Permute each epoch when true; the identity order otherwise.
         global_batch_size: Samples per optimizer step; with ``drop_last`` only whole steps of
             the remaining order are yielded.
+        micro_batch_size: Samples per forward/backward pass; when given (with
+            ``global_batch_size``), a rank takes whole micro batches of each step, its own share
+            (``j % world_size == rank``), and the world size need not divide the global batch.
         drop_last: Leave out the ``(len - consumed) % global_batch_size`` samples at the end of
-            the epoch's order so that every worker yields the same number of indices.
+            the epoch's order, so that only whole steps are yielded.
 
     Raises:
-        ConfigError: When a size or rank is out of range.
+        ConfigError: When a size or rank is out of range, or the batch sizes do not split
+            (:class:`~worker_runtime.errors.BatchConfigError`).
     """
 
     def __init__(
@@ -46,6 +54,7 @@ class ElasticSampler(Sampler[int]):
         seed: int = 0,
         shuffle: bool = True,
         global_batch_size: int | None = None,
+        micro_batch_size: int | None = None,
         drop_last: bool = False,
     ) -> None:
         if world_size < 1:
@@ -54,7 +63,15 @@ class ElasticSampler(Sampler[int]):
             raise ConfigError(f"rank: must be in [0, world_size={world_size}), got {rank}")
         if drop_last and global_batch_size is None:
             raise ConfigError("global_batch_size: required with drop_last=True")
-        if global_batch_size is not None and global_batch_size % world_size != 0:
+        if micro_batch_size is not None:
+            if global_batch_size is None:
+                raise ConfigError("global_batch_size: required with micro_batch_size")
+            check_global_batch(
+                global_batch_size=global_batch_size,
+                micro_batch_size=micro_batch_size,
+                world_size=world_size,
+            )
+        elif global_batch_size is not None and global_batch_size % world_size != 0:
             raise ConfigError(
                 f"global_batch_size={global_batch_size}: must be divisible by "
                 f"world_size={world_size}"
@@ -65,6 +82,7 @@ class ElasticSampler(Sampler[int]):
         self.seed = seed
         self.shuffle = shuffle
         self.global_batch_size = global_batch_size
+        self.micro_batch_size = micro_batch_size
         self.drop_last = drop_last
         self.epoch = 0
         self.consumed_samples = 0
@@ -108,8 +126,28 @@ class ElasticSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         start = self.consumed_samples
         rest = self.order()[start : start + self.remaining_samples()]
-        return iter(rest[self.rank :: self.world_size])
+        if self.micro_batch_size is None:
+            return iter(rest[self.rank :: self.world_size])
+        return (i for begin, end in self._micro_slices() for i in rest[begin:end])
 
     def __len__(self) -> int:
         remaining = self.remaining_samples()
-        return max(0, (remaining - self.rank + self.world_size - 1) // self.world_size)
+        if self.micro_batch_size is None:
+            return max(0, (remaining - self.rank + self.world_size - 1) // self.world_size)
+        return sum(end - begin for begin, end in self._micro_slices())
+
+    def _micro_slices(self) -> Iterator[tuple[int, int]]:
+        """This rank's micro batches as ``[begin, end)`` positions in the rest of the epoch."""
+        assert self.global_batch_size is not None and self.micro_batch_size is not None
+        remaining = self.remaining_samples()
+        size, micro = self.global_batch_size, self.micro_batch_size
+        for step_begin in range(0, remaining, size):
+            step_len = min(size, remaining - step_begin)  # short only without drop_last
+            mine = step_micro_batches(
+                rank=self.rank,
+                world_size=self.world_size,
+                micro_batches_per_step=-(-step_len // micro),
+            )
+            for j in mine:
+                begin = step_begin + j * micro
+                yield begin, min(begin + micro, step_begin + step_len)

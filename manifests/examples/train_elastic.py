@@ -1,11 +1,13 @@
-"""An elastic training script for torchrun: a small model on synthetic data, CPU and gloo.
+"""An elastic training script for torchrun: a small model on synthetic data.
 
-Run locally with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=1:3
---nproc-per-node=1 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29400
-manifests/examples/train_elastic.py --ckpt-dir /tmp/ckpt``; start and stop further agents with
-the same arguments to rescale it (the variable is why a rescale works: see the comment on it in
-``elastic-pytorch-job.yaml``). The lines marked ``# tide``
-are all it takes on top of a plain DDP script.
+On a GPU it trains with NCCL on ``cuda:<LOCAL_RANK>``, elsewhere with gloo on the CPU
+(``--backend auto``, ``ElasticRun``'s default). Run it on one machine as README.md's "Run it on
+one machine" shows: two torchrun agents with ``--max-restarts=100`` (a rescale restarts the
+workers of the agent that stays, which torchrun counts as a restart: without it the survivor
+exits with ``ChildFailedError``), c10d rendezvous on 127.0.0.1, ``--backend=gloo``, and
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (see the comment on it in
+``elastic-pytorch-job.yaml``). The lines marked ``# tide`` are all it takes on top of a plain DDP
+script.
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--global-batch", type=int, default=96, help="samples per step")
     parser.add_argument("--micro-batch", type=int, default=8, help="samples per worker pass")
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "nccl", "gloo"],
+        default="auto",
+        help="auto: NCCL on the worker's own GPU when it has one, else gloo on the CPU",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
 
@@ -47,7 +55,9 @@ def main() -> None:
         global_batch_size=args.global_batch,
         checkpoint_every_steps=50,
         checkpoint_every_s=300,
+        backend=args.backend,
     )
+    model.to(run.device)  # tide: cuda:<LOCAL_RANK> on a GPU, else cpu; before the load below
     with run:  # tide: joins the group, loads the latest checkpoint, handles SIGTERM
         ddp = DistributedDataParallel(model) if dist.is_initialized() else model
         sampler = run.make_sampler(data)  # tide
@@ -55,8 +65,11 @@ def main() -> None:
         for epoch in run.epochs(args.epochs):  # tide
             for batches in run.steps(loader):  # tide: one optimizer step
                 for i, (x, y) in enumerate(batches):
+                    x, y = x.to(run.device), y.to(run.device)  # tide
                     with run.sync_gradients(ddp, last=i == len(batches) - 1):  # tide
-                        loss = nn.functional.mse_loss(ddp(x), y) / len(batches)
+                        # tide: loss_scale weights every micro batch alike when ranks take
+                        # different numbers of them (a world size that does not divide 12)
+                        loss = nn.functional.mse_loss(ddp(x), y) * run.loss_scale
                         loss.backward()
                 optimizer.step()
                 optimizer.zero_grad()

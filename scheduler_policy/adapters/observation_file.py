@@ -1,10 +1,11 @@
 """Observations written as YAML or JSON, for ``tide plan`` and for tests.
 
-The format mirrors the dataclasses in ``model`` with camelCase keys::
+The format mirrors the dataclasses in ``vocabulary.state`` with camelCase keys::
 
-    time: 1700000000               # the decision time, seconds since the epoch
+    time: 1700000000               # the decision time, seconds since the epoch (required)
+    clusterGpus: 48                # optional: the cluster's allocatable GPUs, to check the rest
     clusterFreeGpus: 6
-    metricsFresh: true
+    metricsFresh: true             # false: the cluster- or queue-level figures are stale
     queues:
       - {name: research, capabilityGpus: 32, deservedGpus: 16, allocatedGpus: 10}
     jobs:
@@ -18,6 +19,9 @@ The format mirrors the dataclasses in ``model`` with camelCase keys::
         phase: Running
         elastic: true
         throughput: [{time: 1699999000, replicas: 2, samplesPerS: 190}]
+        metricsFresh: true         # false: this job's own throughput is stale (it holds)
+        staleReason: "..."         # with metricsFresh false: what was stale, for `tide plan`
+        annotations: {tide.io/max-replicas: "16"}   # tide.io/memory too, as tide stores it
 
 Every problem names the file and its path; all problems are reported at once.
 """
@@ -29,7 +33,7 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
-from scheduler_policy.policy.annotations import job_overrides
+from scheduler_policy.adapters.volcano_job import annotated_job
 from scheduler_policy.policy.fields import (
     Section,
     boolean,
@@ -53,7 +57,7 @@ from scheduler_policy.vocabulary.state import (
     ThroughputPoint,
 )
 
-_TOP = ("time", "clusterFreeGpus", "metricsFresh", "queues", "jobs")
+_TOP = ("time", "clusterGpus", "clusterFreeGpus", "metricsFresh", "queues", "jobs")
 _QUEUE = (
     "name", "capabilityGpus", "deservedGpus", "guaranteeGpus", "allocatedGpus",
     "pendingNonelasticGpus",
@@ -61,7 +65,7 @@ _QUEUE = (
 _JOB = (
     "key", "queue", "gpusPerReplica", "minReplicas", "maxReplicas", "currentReplicas",
     "scheduledReplicas", "phase", "elastic", "task", "restartCost", "remainingSamples",
-    "lastRescale", "annotations", "throughput", "nonelasticGpus",
+    "lastRescale", "annotations", "throughput", "nonelasticGpus", "metricsFresh", "staleReason",
 )  # fmt: skip
 _POINT = ("time", "replicas", "samplesPerS")
 _PHASES = {phase.value: phase for phase in JobPhase}
@@ -71,6 +75,13 @@ def _count(value: object, path: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{path}: must be a non-negative integer, got {show(value)}")
     return value
+
+
+def _positive(value: object, path: str) -> float:
+    number = finite_number(value, path)
+    if number <= 0:
+        raise ValueError(f"{path}: must be > 0, got {show(value)}")
+    return number
 
 
 def _phase(value: object, path: str) -> JobPhase:
@@ -108,6 +119,8 @@ def _point(value: object, path: str, problems: list[str]) -> ThroughputPoint | N
     p = section(value, path=path, allowed=_POINT, problems=problems)
     if p is None:
         return None
+    if "time" not in p.mapping:
+        problems.append(f"{path}.time: is required (when the sample was taken, seconds)")
     return ThroughputPoint(
         time_s=p.get("time", 0.0, non_negative),
         replicas=p.get("replicas", 1, _count),
@@ -126,7 +139,7 @@ def _job(value: object, path: str, problems: list[str]) -> JobState | None:
     job = JobState(
         key=JobKey(j.get("key", "", nonempty_string)),
         queue=QueueName(j.get("queue", "", nonempty_string)),
-        gpus_per_replica=j.get("gpusPerReplica", 1.0, finite_number),
+        gpus_per_replica=j.get("gpusPerReplica", 1.0, _positive),
         min_replicas=j.get("minReplicas", 1, _count),
         max_replicas=j.get("maxReplicas", 1, _count),
         current_replicas=j.get("currentReplicas", 1, _count),
@@ -140,29 +153,29 @@ def _job(value: object, path: str, problems: list[str]) -> JobState | None:
         throughput_history=tuple(p for p in points if p is not None),
         nonelastic_gpus=j.get("nonelasticGpus", 0.0, non_negative),
     )
+    fresh = j.get("metricsFresh", True, boolean)
+    stale_reason = j.get("staleReason", None, _optional_sentence)
+    if stale_reason is not None and fresh:
+        problems.append(f"{path}.staleReason: given for a job whose metricsFresh is true")
+    if not fresh:
+        job = dataclasses.replace(
+            job, stale_reason=stale_reason or "the metrics source marked them stale"
+        )
     annotations = j.mapping.get("annotations", {})
     if not isinstance(annotations, Mapping):
         problems.append(f"{path}.annotations: must be a mapping, got {show(annotations)}")
         return job
-    try:
-        overrides = job_overrides({str(k): str(v) for k, v in annotations.items()},
-                                  source=f"{path} ({job.key})")  # fmt: skip
-    except PolicyError as e:
-        # A bad annotation makes this one job unplannable (InvalidJobSpec), not the file.
-        marked_elastic = str(annotations.get("tide.io/elastic", "")).lower() == "true"
-        return dataclasses.replace(
-            job, elastic=job.elastic or marked_elastic, read_problems=tuple(e.problems)
-        )
-    return dataclasses.replace(
-        job,
-        elastic=job.elastic if overrides.elastic is None else overrides.elastic,
-        task=overrides.task or job.task,
-        min_replicas=job.min_replicas if overrides.min_replicas is None else overrides.min_replicas,
-        max_replicas=job.max_replicas if overrides.max_replicas is None else overrides.max_replicas,
-        restart_cost_s=(
-            job.restart_cost_s if overrides.restart_cost_s is None else overrides.restart_cost_s
-        ),
-    )
+    # A bad annotation makes this one job unplannable (InvalidJobSpec), not the file.
+    return annotated_job(job, {str(k): str(v) for k, v in annotations.items()},
+                         source=f"{path} ({job.key})")  # fmt: skip
+
+
+def _optional_sentence(value: object, path: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{path}: must be a sentence saying what was stale, got {show(value)}")
+    return value.strip()
 
 
 def _refuse_duplicates(
@@ -177,6 +190,41 @@ def _refuse_duplicates(
             )
         else:
             first[name] = path
+
+
+def _check_against_time_and_size(
+    top: Section,
+    jobs: list[JobState | None],
+    job_items: list[tuple[str, object]],
+    queues: list[QueueState | None],
+    problems: list[str],
+) -> None:
+    """What no field says alone: a throughput sample after the observation's time (from the
+    future: a clock or unit mix-up), and free or allocated GPUs above ``clusterGpus``."""
+    scratch: list[str] = []  # the fields' own problems are reported where they are read
+    now = Section(top.mapping, top.path, scratch).get("time", None, non_negative)
+    if now is not None:
+        for (path, _), job in zip(job_items, jobs, strict=True):
+            for i, point in enumerate(job.throughput_history if job is not None else ()):
+                if point.time_s > now:
+                    problems.append(
+                        f"{path}.throughput[{i}].time: {point.time_s:g} is after the "
+                        f"observation's time {now:g} (a sample from the future)"
+                    )
+    total = Section(top.mapping, top.path, scratch).get("clusterGpus", None, non_negative)
+    free = Section(top.mapping, top.path, scratch).get("clusterFreeGpus", None, non_negative)
+    if total is None:
+        return
+    if free is not None and free > total:
+        problems.append(
+            f"clusterFreeGpus: {free:g} is above the cluster's {total:g} GPUs (clusterGpus)"
+        )
+    allocated = sum(q.allocated_gpus for q in queues if q is not None)
+    if free is not None and free <= total and free + allocated > total:
+        problems.append(
+            f"clusterFreeGpus: {free:g} free and {allocated:g} allocated to queues add up to "
+            f"more than the cluster's {total:g} GPUs (clusterGpus)"
+        )
 
 
 def parse_observation(data: object, *, source: str) -> Observation:
@@ -213,6 +261,9 @@ def parse_observation(data: object, *, source: str) -> Observation:
         "job",
         problems,
     )
+    if "time" not in top.mapping:
+        problems.append("time: is required (the decision time, seconds since the epoch)")
+    _check_against_time_and_size(top, jobs, job_items, queues, problems)
     observation = Observation(
         time_s=top.get("time", 0.0, non_negative),
         queues=tuple(q for q in queues if q is not None),

@@ -86,6 +86,7 @@ def allocate(
     objective: Objective = Objective.COMPLETION_TIME,
     trade_queues: Collection[QueueName] | None = None,
     floor: IntArray | None = None,
+    stale: BoolArray | None = None,
 ) -> Allocation:
     """Decide a target for every running elastic job.
 
@@ -104,6 +105,11 @@ def allocate(
             job whose curve is still the prior's); the running replicas up to it are kept
             whatever the budgets, and the budgets take from the other replicas instead. None
             for each job's minimum.
+        stale: True for each job whose own metrics are stale (``JobState.stale_reason``):
+            its running replicas are all taken as useful (a stale curve cannot say otherwise),
+            it grows to nothing its spec does not ask for, and it neither gives a replica to
+            nor takes one from another job; only its queue's budget can shrink it. None for
+            none.
 
     Returns:
         Targets within [min, max] that fit every budget, with reasons.
@@ -147,6 +153,11 @@ def allocate(
     worth = saved_s > table.restart_cost_s[:, None]
     useful = valid & (value > 0)
     eligible = np.logical_and.accumulate(useful & (existing | worth), axis=1)
+    if stale is not None:
+        # Every prefix of a row stays a prefix: what it runs, and no more than its spec asks.
+        keep = valid & existing & stale[:, None]
+        useful |= keep
+        eligible = (eligible | keep) & (~stale[:, None] | (k <= table.current[:, None]))
     must = None  # running replicas the rate limit keeps this round, where there are any
     if floor is not None and bool((floor > lo).any()):
         must = existing & (k <= floor[:, None])
@@ -231,11 +242,13 @@ def allocate(
             growth_pool_gpus -= float(spent[fits][-1]) if fits.any() else 0.0
         pool = max(0.0, growth_pool_gpus)
 
+    # A job with stale metrics trades nothing: its curve cannot say what a replica is worth.
+    trading = table.shaped[rows] if stale is None else table.shaped[rows] & ~stale[rows]
     traded = _trade(
         # Givers move in one step only once measured at two sizes (before, the rate limit
         # holds them back, and the replica they owe would be owed again next round).
-        accepted=accepted, givers=accepted & ~growth & table.shaped[rows],
-        takers=~accepted & growth & asked,
+        accepted=accepted, givers=accepted & ~growth & trading,
+        takers=~accepted & growth & asked & (True if stale is None else ~stale[rows]),
         item_queue=item_queue, item_gpus=item_gpus,
         item_value=item_value, queues=len(first), factor=_TRADE_FACTOR,
         allowed=None if trade_queues is None else np.asarray(

@@ -5,6 +5,7 @@ Pure but for the model cache (``now_s`` is the observation's time).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,12 +29,13 @@ from scheduler_policy.decision.budget import (
 from scheduler_policy.decision.job_table import JobTable
 from scheduler_policy.decision.messages import DecisionBatch, DecisionContext
 from scheduler_policy.decision.stabilize import Stabilized, stabilize
-from scheduler_policy.decision.triage import triage
+from scheduler_policy.decision.triage import stale_hold_message, triage
 from scheduler_policy.models.cache import ModelCache
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.protocols import ReplicaChange
 from scheduler_policy.vocabulary.state import (
     GPU_EPSILON,
+    JobKey,
     Observation,
     QueueName,
     Reason,
@@ -68,7 +70,7 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
         The decisions and the writes they imply.
     """
     now_s = observation.time_s
-    ready, held = triage(observation, policy)
+    ready, held, stale = triage(observation, policy)
     forecasts: dict[QueueName, float] = {}
     for queue in observation.queues:
         queue_policy = policy.queue(queue.name)
@@ -85,6 +87,11 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
         [models.curve(job, now_s=now_s) for job in ready],
         queue_names=list(budgets),
         default_restart_cost_s=policy.defaults.restart_cost_s,
+    )
+    stale_rows = (
+        np.fromiter((job.key in stale for job in table.jobs), dtype=bool, count=len(table.jobs))
+        if stale
+        else None
     )
     # Headroom is kept free of every queue's growth, not only its own queue's: a borrowing
     # queue would otherwise take the GPUs a non-elastic queue keeps for its coming work.
@@ -115,6 +122,7 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
                 observation, pending, budgets, dict(zip(table.queue_names, held_gpus, strict=True))
             ),
             floor=floor,
+            stale=stale_rows,
         )
         damped = _damp(table, allocation, policy=policy, now_s=now_s, leave_waiting=leave_waiting)
         if budget_pass == _BUDGET_PASSES - 1 or not short_of_idle(observation, pending):
@@ -137,6 +145,8 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
     decisions, changes = _stabilized_decisions(
         table, allocation, damped, budgets=budgets, policy=policy
     )
+    if stale:
+        _hold_stale(table, stale, decisions, changes)
     decisions.extend(held)
     decisions.sort(key=_JOB)
     return Plan(decisions=tuple(decisions), changes=tuple(changes))
@@ -146,6 +156,34 @@ def decide(observation: Observation, policy: ElasticPolicy, *, models: ModelCach
 # the first gave back in whole replicas; a third is rare.
 _BUDGET_PASSES = 3
 _JOB = attrgetter("job")  # a decision's job: the sort key of a plan's decisions
+
+
+def _hold_stale(
+    table: JobTable,
+    stale: Mapping[JobKey, str],
+    decisions: list[ScalingDecision],
+    changes: list[ReplicaChange],
+) -> None:
+    """Say ``HoldMetricsStale`` for each job with stale metrics that keeps its replicas.
+
+    ``decisions`` (aligned with ``table.jobs``) and ``changes`` are updated in place. A stale
+    job's other decisions stand: the shrinks its budget forces, a move into its bounds, and
+    the withdrawal of replicas still waiting for GPUs (which stops no worker).
+    """
+    where = {change.job: i for i, change in enumerate(changes)}
+    for i, job in enumerate(table.jobs):
+        reason = stale.get(job.key)
+        if reason is None or decisions[i].changes:
+            continue
+        why = stale_hold_message(job, reason)
+        decisions[i] = ScalingDecision(
+            job.key, job.current_replicas, job.current_replicas, Reason.HOLD_METRICS_STALE, why
+        )
+        at = where.get(job.key)
+        if at is not None:  # a memory-only write
+            changes[at] = dataclasses.replace(
+                changes[at], reason=Reason.HOLD_METRICS_STALE, why=why
+            )
 
 
 def _leave_waiting(

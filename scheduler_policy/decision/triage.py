@@ -1,11 +1,22 @@
-"""Which elastic jobs the allocator plans for, and a held decision for each of the others."""
+"""Which elastic jobs the allocator plans for, and a held decision for each of the others.
+
+Missing data biases toward no change, at the level it is missing: when the cluster- or
+queue-level figures are stale (``Observation.metrics_fresh`` False) every job holds, since no
+budget can be trusted; a job whose own throughput is stale (``JobState.stale_reason``) is still
+planned for, so that its held GPUs count in its queue's budget and a shrink that budget forces
+(a pending gang) still reaches it, but the allocator gives it no growth and takes nothing from
+it for other jobs or for its own low efficiency (``stale`` below), and it otherwise holds with
+``HoldMetricsStale``.
+"""
 
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.state import (
+    JobKey,
     JobPhase,
     JobState,
     Observation,
@@ -20,14 +31,35 @@ def _hold(job: JobState, reason: Reason, message: str) -> ScalingDecision:
     return ScalingDecision(job.key, job.current_replicas, job.current_replicas, reason, message)
 
 
-def triage(
-    observation: Observation, policy: ElasticPolicy
-) -> tuple[list[JobState], list[ScalingDecision]]:
+class Triage(NamedTuple):
+    """The jobs the allocator plans for, and why the others hold.
+
+    Attributes:
+        ready: running elastic jobs in managed queues, valid, to allocate for.
+        held: a decision for each elastic job that is not planned for.
+        stale: the jobs of ``ready`` whose own metrics are stale, each with why.
+    """
+
+    ready: list[JobState]
+    held: list[ScalingDecision]
+    stale: dict[JobKey, str]
+
+
+def stale_hold_message(job: JobState, reason: str) -> str:
+    """The sentence of a job that holds because its own metrics are stale."""
+    return (
+        f"job {job.key}: metrics are stale ({reason}); holding {job.current_replicas} "
+        "replicas until they recover"
+    )
+
+
+def triage(observation: Observation, policy: ElasticPolicy) -> Triage:
     """Split the jobs into those to allocate for and decisions for the rest."""
     queue_names = {q.name for q in observation.queues}
     queue_policies = {q.name: q for q in policy.queues}
     ready: list[JobState] = []
     held: list[ScalingDecision] = []
+    stale: dict[JobKey, str] = {}
     for job in observation.jobs:
         if not job.elastic:
             continue
@@ -56,5 +88,7 @@ def triage(
                       "metrics are stale or missing; holding replicas until they recover")
             )  # fmt: skip
             continue
+        if job.stale_reason is not None:
+            stale[job.key] = job.stale_reason
         ready.append(job)
-    return ready, held
+    return Triage(ready, held, stale)

@@ -18,7 +18,7 @@ from scheduler_policy.models.cache import ModelCache
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.errors import ConflictError, PermanentError, TemporaryError
 from scheduler_policy.vocabulary.protocols import ClusterClient, MetricsSource, ReplicaChange
-from scheduler_policy.vocabulary.state import Observation, ScalingDecision
+from scheduler_policy.vocabulary.state import Observation, ScalingDecision, ThroughputPoint
 
 __all__ = ["Plan", "ReconcileResult", "apply_changes", "decide", "observe", "reconcile"]
 
@@ -45,13 +45,21 @@ class ReconcileResult:
 def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> Observation:
     """Join the cluster's queues and jobs with the metrics into one observation.
 
+    Freshness is judged at two levels, as the HPA judges missing metrics per pod: the cluster-
+    and queue-level figures (``MetricsSample.fresh``, the free GPUs, each queue's allocated
+    GPUs) decide ``Observation.metrics_fresh``, and every job holds when they are stale; a job
+    whose own throughput is stale, missing or non-finite gets a ``stale_reason`` naming what
+    was wrong, and only that job holds. Its non-finite points are dropped from its history, so
+    its scaling model is fitted on what was measured.
+
     Args:
         metrics: throughput, queue use and demand history.
         cluster: queues and jobs.
         now_s: the reconcile time.
 
     Returns:
-        The observation; ``metrics_fresh`` is False if the sample was stale or had NaN in it.
+        The observation; ``metrics_fresh`` is False if the sample was stale or had NaN in its
+        cluster- or queue-level figures.
     """
     sample = metrics.sample(now_s=now_s)
     fresh = sample.fresh and math.isfinite(sample.cluster_free_gpus)
@@ -66,16 +74,23 @@ def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> 
                 demand_history=sample.queue_demand_history.get(queue.name, queue.demand_history),
             )
         )
+    stale_jobs = sample.stale_jobs
     jobs = []
     for job in cluster.list_jobs():
         history = sample.job_throughput.get(job.key, job.throughput_history)
         remaining = sample.job_remaining_samples.get(job.key, job.remaining_samples)
+        stale = stale_jobs.get(job.key) if stale_jobs else None
         for point in history:  # a loop, not any(): a generator per job cost more than the check
             if not math.isfinite(point.samples_per_s):
-                fresh = False
+                history, found = _finite_points(history)
+                stale = found if stale is None else f"{stale}; {found}"
                 break
         if history is not job.throughput_history or remaining != job.remaining_samples:
             job = job.with_metrics(history, remaining)
+        if stale != job.stale_reason:
+            job = dataclasses.replace(job, stale_reason=stale)
+            if stale is not None:
+                logger.info("job %s: metrics stale: %s", job.key, stale)
         jobs.append(job)
     return Observation(
         time_s=now_s,
@@ -85,6 +100,20 @@ def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> 
         metrics_fresh=fresh,
         releasing_gpus=sample.releasing_gpus,
     )
+
+
+def _finite_points(
+    history: tuple[ThroughputPoint, ...],
+) -> tuple[tuple[ThroughputPoint, ...], str]:
+    """The finite points of ``history``, and a sentence naming the first that was not."""
+    bad = [p for p in history if not math.isfinite(p.samples_per_s)]
+    first = bad[0]
+    found = (
+        f"{len(bad)} of {len(history)} throughput points are not finite "
+        f"(first: {first.samples_per_s} samples/s at {first.replicas} replicas, "
+        f"time {first.time_s:.0f} s)"
+    )
+    return tuple(p for p in history if math.isfinite(p.samples_per_s)), found
 
 
 def apply_changes(

@@ -31,6 +31,9 @@ MIN_REPLICAS = "tide.io/min-replicas"
 MAX_REPLICAS = "tide.io/max-replicas"
 RESTART_COST = "tide.io/restart-cost"
 KNOWN = (ELASTIC, TASK, MIN_REPLICAS, MAX_REPLICAS, RESTART_COST)
+MEMORY = "tide.io/memory"
+"""Written by tide itself, not by the job's owner: the stabilizer's memory
+(``scheduler_policy.adapters.memory_codec``). Not an override, and not an unknown annotation."""
 
 _COUNT = re.compile(r"\d+")
 
@@ -87,7 +90,7 @@ def job_overrides(annotations: Mapping[str, str], *, source: str) -> JobOverride
     """
     problems: list[str] = []
     for key in annotations:
-        if key.startswith(PREFIX) and key not in KNOWN:
+        if key.startswith(PREFIX) and key not in KNOWN and key != MEMORY:
             # Compare what follows the prefix; the shared "tide.io/" would make anything close.
             suffixes = [k.removeprefix(PREFIX) for k in KNOWN]
             close = difflib.get_close_matches(key.removeprefix(PREFIX), suffixes, n=1, cutoff=0.6)

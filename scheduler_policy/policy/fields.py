@@ -13,8 +13,9 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import numpy as np
 import yaml
 
 from scheduler_policy.vocabulary.errors import PolicyError
@@ -32,8 +33,14 @@ Converter = Callable[[object, str], T]
 """Turns the value found at a path into a field, or raises ValueError naming path and value."""
 
 
+_YAML_WORDS = {True: "true", False: "false", None: "null"}
+
+
 def show(value: object) -> str:
-    """``value`` as an error message quotes it: its ``repr`` (``'four'``, ``1.5``), cut to 60."""
+    """``value`` as an error message quotes it: its ``repr`` (``'four'``, ``1.5``), but YAML's
+    words for booleans and null (``true``, not Python's ``True``), cut to 60 characters."""
+    if value is None or isinstance(value, bool):
+        return _YAML_WORDS[value]
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -71,6 +78,33 @@ def parse_duration(value: object, *, path: str) -> float:
     return sum(
         float(amount) * _UNIT_S[unit] for unit, amount in match.groupdict().items() if amount
     )
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` as a duration string that ``parse_duration`` reads back exactly: the largest
+    units first (``300`` is ``5m``, ``5400`` is ``1h30m``, ``0.5`` is ``500ms``, ``0`` is
+    ``0s``); a duration that is not a whole number of milliseconds keeps every digit of its
+    seconds (never an exponent).
+
+    Args:
+        seconds: a duration, at least 0.
+
+    Returns:
+        The duration string.
+    """
+    exact = f"{np.format_float_positional(seconds, trim='-')}s"
+    millis = round(seconds * 1000)
+    if millis < 0 or abs(millis - seconds * 1000) > 1e-6:
+        return exact
+    if millis == 0:
+        return "0s" if seconds == 0 else exact
+    hours, rest = divmod(millis, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    whole_s, ms = divmod(rest, 1000)
+    parts = [(hours, "h"), (minutes, "m"), (whole_s, "s"), (ms, "ms")]
+    text = "".join(f"{amount}{unit}" for amount, unit in parts if amount)
+    # Seconds that a sum of whole milliseconds does not give back bit for bit keep every digit.
+    return text if parse_duration(text, path="") == seconds else exact
 
 
 def unknown_key_problem(key: str, *, path: str, allowed: Collection[str]) -> str:
@@ -158,6 +192,18 @@ def non_negative(value: object, path: str) -> float:
     return number
 
 
+def whole_gpus(value: object, path: str) -> float:
+    """A count of GPUs: a whole number, at least 0 (``1.5`` is refused: GPUs are whole)."""
+    number = non_negative(value, path)
+    if not number.is_integer():
+        raise ValueError(f"{path}: must be a whole number of GPUs, got {show(value)}")
+    return number
+
+
+def optional_whole_gpus(value: object, path: str) -> float | None:
+    return None if value is None else whole_gpus(value, path)
+
+
 def optional_non_negative(value: object, path: str) -> float | None:
     return None if value is None else non_negative(value, path)
 
@@ -185,6 +231,60 @@ def nonempty_string(value: object, path: str) -> str:
     return value
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping: PyYAML keeps the last
+    (``interval: 60s`` then ``interval: 30s`` reads as 30s), hiding an edit that was meant to
+    replace the first."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[object, yaml.Node] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the base class says so
+                break
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} is given twice (first on line {first.start_mark.line + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _UniqueKeyLoader.construct_mapping
+)
+
+
+def load_yaml(text: str) -> object:
+    """Parse one YAML document as ``yaml.safe_load`` does, but refuse a key given twice.
+
+    Args:
+        text: the document.
+
+    Returns:
+        The parsed document (None for an empty one).
+
+    Raises:
+        yaml.YAMLError: invalid YAML, or a key given twice in one mapping (marked at the
+            second; ``yaml_problem`` says where).
+    """
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
+def load_yaml_all(text: str) -> list[object]:
+    """Every YAML document in ``text``, as ``load_yaml`` parses one.
+
+    Raises:
+        yaml.YAMLError: as ``load_yaml``.
+    """
+    return list(yaml.load_all(text, Loader=_UniqueKeyLoader))
+
+
 def read_yaml_documents(path: str | Path) -> list[object]:
     """Read every YAML document in a file.
 
@@ -193,6 +293,7 @@ def read_yaml_documents(path: str | Path) -> list[object]:
 
     Returns:
         The documents in order, as ``yaml.safe_load_all`` yields them (an empty one is None).
+        A key given twice in one mapping is invalid YAML here (``load_yaml``).
 
     Raises:
         PolicyError: the file cannot be read, or is not valid YAML; the problem names the line
@@ -204,9 +305,12 @@ def read_yaml_documents(path: str | Path) -> list[object]:
     except (OSError, UnicodeDecodeError) as error:
         raise PolicyError(source, [f"cannot read file: {error}"]) from error
     try:
-        return list(yaml.safe_load_all(text))
+        return load_yaml_all(text)
     except yaml.YAMLError as error:
-        raise PolicyError(source, [yaml_problem(error)]) from error
+        problem = yaml_problem(error)
+        if Path(path).suffix.lower() == ".json":  # read as YAML, which JSON is; named as written
+            problem = problem.replace("invalid YAML", "invalid JSON", 1)
+        raise PolicyError(source, [problem]) from error
 
 
 def yaml_problem(error: yaml.YAMLError) -> str:

@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
 from scheduler_policy.policy.fields import (
@@ -22,13 +21,14 @@ from scheduler_policy.policy.fields import (
     boolean,
     duration,
     finite_number,
-    non_negative,
+    format_duration,
     nonempty_string,
-    optional_non_negative,
+    optional_whole_gpus,
     positive_duration,
     read_yaml_documents,
     section,
     show,
+    whole_gpus,
 )
 from scheduler_policy.policy.spec import (
     Defaults,
@@ -101,7 +101,10 @@ def _constant(top: Section, key: str, expected: str) -> None:
     if key not in top.mapping:
         top.problems.append(f"{key}: is required; expected {expected!r}")
     elif top.mapping[key] != expected:
-        top.problems.append(f"{key}: must be {expected!r}, got {show(top.mapping[key])}")
+        value = top.mapping[key]
+        close = isinstance(value, str) and value.lower() == expected.lower()
+        hint = f"; did you mean {expected!r}?" if close else ""
+        top.problems.append(f"{key}: must be {expected!r}, got {show(value)}{hint}")
 
 
 def _parse_defaults(spec: Section) -> Defaults:
@@ -132,7 +135,7 @@ def _parse_headroom(queue: Section) -> Headroom:
     if headroom is None:
         return base
     return Headroom(
-        gpus=headroom.get("gpus", base.gpus, non_negative),
+        gpus=headroom.get("gpus", base.gpus, whole_gpus),
         forecast_quantile=headroom.get(
             "forecastQuantile", base.forecast_quantile, _optional_quantile
         ),
@@ -210,7 +213,7 @@ def _parse_queue(value: object, *, path: str, problems: list[str]) -> QueuePolic
         elastic=queue.get("elastic", base.elastic, boolean),
         borrow=queue.get("borrowIdleGpus", base.borrow, boolean),
         headroom=_parse_headroom(queue),
-        max_elastic_gpus=queue.get("maxElasticGpus", base.max_elastic_gpus, optional_non_negative),
+        max_elastic_gpus=queue.get("maxElasticGpus", base.max_elastic_gpus, optional_whole_gpus),
     )
     return parsed if name else None
 
@@ -303,9 +306,14 @@ def load_policy(path: str | Path) -> ElasticPolicy:
 
 
 def _seconds(value: float) -> str:
-    """A duration field: every digit of ``value`` seconds and never an exponent, so that the
-    file reads back as the policy that ran (``{:g}`` wrote 1234567 s as ``1.23457e+06s``)."""
-    return f"{np.format_float_positional(value, trim='-')}s"
+    """A duration field as a person writes it (``5m``, not ``300s``) that reads back as the
+    policy that ran (``format_duration``)."""
+    return format_duration(value)
+
+
+def _number(value: float) -> float | int:
+    """A number field: an integer written as one (``2``, not ``2.0``)."""
+    return int(value) if float(value).is_integer() else value
 
 
 def policy_document(policy: ElasticPolicy) -> dict[str, Any]:
@@ -317,7 +325,7 @@ def policy_document(policy: ElasticPolicy) -> dict[str, Any]:
         "modelRefitInterval": _seconds(policy.model_refit_s),
         "objective": policy.objective.value,
         "defaults": {
-            "tolerance": d.tolerance,
+            "tolerance": _number(d.tolerance),
             "restartCost": _seconds(d.restart_cost_s),
             "cooldown": _seconds(d.cooldown_s),
             "maxStepUp": d.max_step_up,
@@ -334,16 +342,18 @@ def policy_document(policy: ElasticPolicy) -> dict[str, Any]:
                 "elastic": q.elastic,
                 "borrowIdleGpus": q.borrow,
                 "headroom": {
-                    "gpus": q.headroom.gpus,
+                    "gpus": _number(q.headroom.gpus),
                     **(
-                        {"forecastQuantile": q.headroom.forecast_quantile}
+                        {"forecastQuantile": _number(q.headroom.forecast_quantile)}
                         if q.headroom.forecast_quantile is not None
                         else {}
                     ),
                     "horizon": _seconds(q.headroom.horizon_s),
                 },
                 **(
-                    {"maxElasticGpus": q.max_elastic_gpus} if q.max_elastic_gpus is not None else {}
+                    {"maxElasticGpus": _number(q.max_elastic_gpus)}
+                    if q.max_elastic_gpus is not None
+                    else {}
                 ),
             }
             for q in policy.queues

@@ -11,14 +11,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scheduler_policy.policy.annotations import ELASTIC, TASK, annotation_path, job_overrides
+from scheduler_policy.adapters.volcano_job import API_VERSION as JOB_API_VERSION
+from scheduler_policy.adapters.volcano_job import KIND as JOB_KIND
+from scheduler_policy.adapters.volcano_job import UnreadJob, read_job
 from scheduler_policy.policy.fields import read_yaml_documents, show
 from scheduler_policy.policy.file import API_VERSION, KIND, parse_policy
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.errors import PolicyError
 
-VOLCANO_JOB = ("batch.volcano.sh/v1alpha1", "Job")
-DEFAULT_TASK = "worker"
+VOLCANO_JOB = (JOB_API_VERSION, JOB_KIND)
 YAML_SUFFIXES = (".yaml", ".yml")
 
 # Events that fire when tide shrinks a job: the controller deletes pods (PodEvicted) and the
@@ -34,11 +35,14 @@ class FileReport:
         path: the file.
         errors: problems the engine or Volcano would refuse, each naming its path and value.
         warnings: settings that are accepted but work against elastic scaling.
+        skipped: why nothing in the file was checked (only other Kubernetes kinds, found while
+            searching a directory), or None.
     """
 
     path: Path
     errors: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    skipped: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -50,30 +54,6 @@ class FileReport:
 class _Findings:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-
-
-def _non_negative_int(value: object, *, path: str, found: _Findings) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        found.errors.append(f"{path}: must be a non-negative integer, got {show(value)}")
-        return None
-    return value
-
-
-def _string_annotations(metadata: Mapping[object, object], found: _Findings) -> dict[str, str]:
-    annotations = metadata.get("annotations") or {}
-    if not isinstance(annotations, Mapping):
-        found.errors.append(f"metadata.annotations: must be a mapping, got {show(annotations)}")
-        return {}
-    strings: dict[str, str] = {}
-    for key, value in annotations.items():
-        if isinstance(value, str):
-            strings[str(key)] = value
-        else:
-            found.errors.append(
-                f"{annotation_path(str(key))}: must be a string (quote it in YAML), "
-                f"got {show(value)}"
-            )
-    return strings
 
 
 def _check_policies(policies: object, *, path: str, found: _Findings) -> None:
@@ -98,11 +78,14 @@ def _check_policies(policies: object, *, path: str, found: _Findings) -> None:
 def check_job(document: Mapping[str, object]) -> tuple[list[str], list[str]]:
     """Check a Volcano Job manifest for what matters to elastic scaling.
 
-    Every Job is checked for the constraints Volcano's webhook enforces
-    (``tasks[i].minAvailable <= tasks[i].replicas``, ``spec.minAvailable <= sum(replicas)``) and
-    for valid ``tide.io/*`` annotations. A Job annotated ``tide.io/elastic: "true"`` is also checked
-    for its scaling task (``tide.io/task``, default ``worker``), that task's ``minAvailable``, and
-    ``RestartJob`` policies that would fire on a scale-down.
+    The Job is read as the engine reads it (``adapters.volcano_job.read_job``: valid
+    ``tide.io/*`` annotations, tasks, replicas, GPU requests, and for a Job annotated
+    ``tide.io/elastic: "true"`` its scaling task, ``tide.io/task``, default ``worker``), so
+    what it finds is what would make the engine hold the job with ``InvalidJobSpec``. It is
+    also checked for the constraints Volcano's webhook enforces
+    (``tasks[i].minAvailable <= tasks[i].replicas``, ``spec.minAvailable <= sum(replicas)``),
+    and an elastic Job for its scaling task's ``minAvailable`` and ``RestartJob`` policies
+    that would fire on a scale-down.
 
     Args:
         document: the Job manifest as loaded from YAML.
@@ -111,77 +94,53 @@ def check_job(document: Mapping[str, object]) -> tuple[list[str], list[str]]:
         ``(errors, warnings)``, each message naming its path and value.
     """
     found = _Findings()
-    metadata = document.get("metadata") or {}
-    if not isinstance(metadata, Mapping):
-        metadata = {}
-    source = f"{metadata.get('namespace', 'default')}/{metadata.get('name', '?')}"
-    annotations = _string_annotations(metadata, found)
-    try:
-        job_overrides(annotations, source=source)
-    except PolicyError as error:
-        found.errors.extend(error.problems)
-    # Read these two directly, so that a bad annotation elsewhere does not hide the other checks.
-    elastic = annotations.get(ELASTIC) == "true"
-    named_task = bool(annotations.get(TASK, "").strip())
-    task_name = annotations[TASK] if named_task else DEFAULT_TASK
-
+    read = read_job(document)
+    if isinstance(read, UnreadJob):
+        return [read.problem], []
+    found.errors.extend(read.state.read_problems)
     spec = document.get("spec")
-    if not isinstance(spec, Mapping):
-        found.errors.append(f"spec: must be a mapping, got {show(spec)}")
-        return found.errors, found.warnings
-    tasks = spec.get("tasks")
-    if not isinstance(tasks, list) or not tasks:
-        found.errors.append(f"spec.tasks: must be a non-empty list of tasks, got {show(tasks)}")
-        return found.errors, found.warnings
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("tasks"), list) or not read.tasks:
+        return found.errors, found.warnings  # what is there to check is already an error
 
     total_replicas: int | None = 0  # None once a task's replicas is invalid
-    names: list[str] = []
-    scaling: tuple[int, Mapping[object, object]] | None = None
-    for index, task in enumerate(tasks):
-        path = f"spec.tasks[{index}]"
-        if not isinstance(task, Mapping):
-            found.errors.append(f"{path}: must be a mapping, got {show(task)}")
-            continue
-        name = str(task.get("name", ""))
-        names.append(name)
-        if name == task_name and scaling is None:
-            scaling = (index, task)
-        replicas = _non_negative_int(task.get("replicas", 0), path=f"{path}.replicas", found=found)
-        if replicas is None:
+    for task in read.tasks:
+        path = f"spec.tasks[{task.index}]"
+        if task.replicas is None:
             total_replicas = None
-        elif total_replicas is not None:
-            total_replicas += replicas
-        if task.get("minAvailable") is None:
             continue
-        least = _non_negative_int(task["minAvailable"], path=f"{path}.minAvailable", found=found)
-        if least is not None and replicas is not None and least > replicas:
+        if total_replicas is not None:
+            total_replicas += task.replicas
+        if task.min_available is not None and task.min_available > task.replicas:
             found.errors.append(
-                f"{path}.minAvailable: must not exceed {path}.replicas ({replicas}), got {least}"
+                f"{path}.minAvailable: must not exceed {path}.replicas ({task.replicas}), "
+                f"got {task.min_available}"
             )
+    if len(read.tasks) != len(spec.get("tasks") or ()):
+        total_replicas = None  # a task that is not a mapping has no replicas to add
 
     if spec.get("minAvailable") is not None:
-        least = _non_negative_int(spec["minAvailable"], path="spec.minAvailable", found=found)
-        if least is not None and total_replicas is not None and least > total_replicas:
+        least = spec["minAvailable"]
+        if isinstance(least, bool) or not isinstance(least, int) or least < 0:
+            found.errors.append(
+                f"spec.minAvailable: must be a non-negative integer, got {show(least)}"
+            )
+        elif total_replicas is not None and least > total_replicas:
             found.errors.append(
                 "spec.minAvailable: must not exceed the sum of spec.tasks[*].replicas "
                 f"({total_replicas}), got {least}"
             )
 
-    if not elastic:
+    if not read.state.elastic or read.task_index is None:
         return found.errors, found.warnings
-    if scaling is None:
-        listing = ", ".join(repr(n) for n in names)
-        where = annotation_path(TASK) if named_task else "spec.tasks"
-        hint = "" if named_task else f" (the default; name another with {TASK})"
-        found.errors.append(f"{where}: no task named {task_name!r}{hint}; found {listing}")
-    else:
-        index, task = scaling
-        if task.get("minAvailable") is None:
-            found.warnings.append(
-                f"spec.tasks[{index}].minAvailable: unset, so it defaults to replicas and the job "
-                "cannot shrink; set it to the fewest workers the job can run with"
-            )
-        _check_policies(task.get("policies"), path=f"spec.tasks[{index}].policies", found=found)
+    scaling = next(t for t in read.tasks if t.index == read.task_index)
+    if scaling.spec.get("minAvailable") is None:
+        found.warnings.append(
+            f"spec.tasks[{scaling.index}].minAvailable: unset, so it defaults to replicas and "
+            "the job cannot shrink; set it to the fewest workers the job can run with"
+        )
+    _check_policies(
+        scaling.spec.get("policies"), path=f"spec.tasks[{scaling.index}].policies", found=found
+    )
     _check_policies(spec.get("policies"), path="spec.policies", found=found)
     return found.errors, found.warnings
 
@@ -194,7 +153,7 @@ def _policy_warnings(policy: ElasticPolicy) -> list[str]:
         if not queue.elastic and queue.borrow:
             warnings.append(
                 f"spec.queues[{index}].borrowIdleGpus: has no effect on a queue with "
-                "elastic: false, got True"
+                "elastic: false, got true"
             )
     return warnings
 
@@ -203,12 +162,25 @@ def _kind(document: Mapping[str, object]) -> tuple[object, object]:
     return document.get("apiVersion"), document.get("kind")
 
 
-def validate_file(path: Path) -> FileReport:
+def _prometheus_rules(document: Mapping[str, object]) -> bool:
+    """Whether a document is a plain Prometheus rules file: only ``groups``, each with ``rules``."""
+    groups = document.get("groups")
+    return (
+        set(document) == {"groups"}
+        and isinstance(groups, list)
+        and all(isinstance(g, Mapping) and "rules" in g for g in groups)
+    )
+
+
+def validate_file(path: Path, *, other_kinds_ok: bool = False) -> FileReport:
     """Validate one file: a single ElasticPolicy, or one or more Volcano Jobs (other Kubernetes
-    kinds beside them are passed over; a file with nothing tide checks is an error).
+    kinds beside them are passed over; a file with nothing tide checks is an error, unless
+    ``other_kinds_ok``).
 
     Args:
         path: the file.
+        other_kinds_ok: a file of other Kubernetes kinds only (a PodMonitor found while searching
+            a directory) is reported as skipped, not as an error.
 
     Returns:
         The file's report; an unreadable file or invalid YAML is an error in it.
@@ -221,6 +193,7 @@ def validate_file(path: Path) -> FileReport:
         return FileReport(path=path, errors=("file holds no YAML document",))
     found = _Findings()
     checked = 0
+    others: list[str] = []
     for number, document in enumerate(documents, start=1):
         prefix = f"document {number}: " if len(documents) > 1 else ""
         if not isinstance(document, Mapping):
@@ -242,16 +215,24 @@ def validate_file(path: Path) -> FileReport:
             errors, warnings = check_job(document)
         else:
             api_version, kind = _kind(document)
-            if not (isinstance(api_version, str) and isinstance(kind, str)):
+            if _prometheus_rules(document):
+                others.append("Prometheus rule groups")  # `promtool check rules` checks them
+            elif not (isinstance(api_version, str) and isinstance(kind, str)):
                 found.errors.append(
                     f"document {number}: not a Kubernetes object (no apiVersion and kind); "
                     f"tide validates {API_VERSION} {KIND} and {VOLCANO_JOB[0]} {VOLCANO_JOB[1]}"
                 )
+            else:
+                others.append(kind)
             # Other kinds (a PVC or ConfigMap next to the Job) are not tide's to check.
             continue
         checked += 1
         found.errors.extend(prefix + e for e in errors)
         found.warnings.extend(prefix + w for w in warnings)
+    if checked == 0 and not found.errors and other_kinds_ok:
+        return FileReport(
+            path=path, skipped=f"only {', '.join(sorted(set(others)))}: not tide's to check"
+        )
     if checked == 0 and not found.errors:
         found.errors.append(
             f"holds no {API_VERSION} {KIND} and no {VOLCANO_JOB[0]} {VOLCANO_JOB[1]} to validate"

@@ -5,6 +5,10 @@ It holds an observation, serves it back, records every write, and refuses a writ
 real cluster, new replicas take idle GPUs at once while removed ones hold theirs until their
 pods have terminated: ``settle()`` lets them go. Replicas a job's spec asks for beyond its
 ``scheduled_replicas`` hold nothing, so removing them frees nothing.
+
+Each job's memory is kept as the Volcano client keeps it, as the ``tide.io/memory`` annotation
+string (``memory_codec``), and decoded when the jobs are listed. A job whose metrics the source
+cannot give (``stale_jobs``) has no throughput in the sample and is named in its ``stale_jobs``.
 """
 
 from __future__ import annotations
@@ -12,9 +16,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from scheduler_policy.adapters.memory_codec import (
+    MEMORY_ANNOTATION,
+    encode_memory,
+    memory_from_annotations,
+)
 from scheduler_policy.vocabulary.errors import ConflictError, PermanentError
 from scheduler_policy.vocabulary.protocols import MetricsSample, ReplicaChange
-from scheduler_policy.vocabulary.state import JobKey, JobState, Observation, QueueState
+from scheduler_policy.vocabulary.state import JobKey, JobMemory, JobState, Observation, QueueState
 
 
 class FakeCluster:
@@ -27,11 +36,24 @@ class FakeCluster:
     Attributes:
         writes: every successful write, in order.
         fresh: what the metrics report as freshness; set False to simulate an outage.
+        stale_jobs: jobs whose own metrics the source cannot give, each with why; starts with
+            the observation's jobs that have a ``stale_reason``.
+        annotations: each job's annotations as stored (the memory among them).
     """
 
     def __init__(self, observation: Observation, *, refuse: Sequence[JobKey] = ()) -> None:
         self._queues = list(observation.queues)
-        self._jobs = {job.key: job for job in observation.jobs}
+        self.stale_jobs = {
+            job.key: job.stale_reason for job in observation.jobs if job.stale_reason is not None
+        }
+        self._jobs = {job.key: dataclasses.replace(job, stale_reason=None)
+                      for job in observation.jobs}  # fmt: skip
+        self.annotations: dict[JobKey, dict[str, str]] = {
+            job.key: {MEMORY_ANNOTATION: encode_memory(
+                JobMemory(job.last_rescale_s, job.recommendations), job=job.key
+            )}
+            for job in observation.jobs
+        }  # fmt: skip
         self.free_gpus = observation.cluster_free_gpus
         self.fresh = observation.metrics_fresh
         self.writes: list[ReplicaChange] = []
@@ -44,7 +66,10 @@ class FakeCluster:
             fresh=self.fresh,
             cluster_free_gpus=self.free_gpus,
             releasing_gpus=self.terminating_gpus,
-            job_throughput={k: j.throughput_history for k, j in self._jobs.items()},
+            stale_jobs=dict(self.stale_jobs),
+            job_throughput={
+                k: j.throughput_history for k, j in self._jobs.items() if k not in self.stale_jobs
+            },
         )
 
     def list_queues(self) -> Sequence[QueueState]:
@@ -52,12 +77,16 @@ class FakeCluster:
         return tuple(self._queues)
 
     def list_jobs(self) -> Sequence[JobState]:
-        """See base class."""
-        return tuple(self._jobs.values())
+        """See base class. Each job's memory is decoded from its annotation."""
+        return tuple(self.job(key) for key in self._jobs)
 
     def job(self, key: JobKey) -> JobState:
-        """The job as the cluster holds it now."""
-        return self._jobs[key]
+        """The job as the cluster holds it now, its memory read from its annotation."""
+        job = self._jobs[key]
+        memory = memory_from_annotations(self.annotations.get(key, {}), job=key)
+        return dataclasses.replace(
+            job, last_rescale_s=memory.last_rescale_s, recommendations=memory.recommendations
+        )
 
     def apply(self, change: ReplicaChange) -> None:
         """See base class."""
@@ -70,6 +99,10 @@ class FakeCluster:
             raise ConflictError(
                 f"job {change.job}: replicas are {job.current_replicas}, not {change.from_replicas}"
             )
+        try:
+            stored = encode_memory(change.memory, job=change.job)
+        except ValueError as e:
+            raise PermanentError(f"job {change.job}: memory cannot be stored: {e}") from e
         held, to = job.held_replicas, change.to_replicas
         if to > change.from_replicas:
             self.free_gpus -= (to - change.from_replicas) * job.gpus_per_replica
@@ -78,12 +111,9 @@ class FakeCluster:
         if scheduled is not None:  # new replicas are scheduled at once, removed ones go first
             scheduled = min(scheduled, to) + max(0, to - change.from_replicas)
         self._jobs[change.job] = dataclasses.replace(
-            job,
-            current_replicas=to,
-            scheduled_replicas=scheduled,
-            last_rescale_s=change.memory.last_rescale_s,
-            recommendations=change.memory.recommendations,
+            job, current_replicas=to, scheduled_replicas=scheduled
         )
+        self.annotations.setdefault(change.job, {})[MEMORY_ANNOTATION] = stored
         self.writes.append(change)
 
     def settle(self) -> None:

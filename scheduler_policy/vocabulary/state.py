@@ -118,6 +118,13 @@ class JobState:
         nonelastic_gpus: GPUs the job holds outside the scaling task (e.g. a master pod).
         read_problems: problems found while reading the job (e.g. a bad ``tide.io/*``
             annotation); a job with any is not planned for.
+        stale_reason: why the job's own metrics cannot be trusted this round (stale, missing
+            or non-finite throughput), a sentence naming what was stale; None when they can.
+            Set by ``observe`` from the metrics source's verdict (``MetricsSample.stale_jobs``)
+            and from non-finite points. Such a job never grows and is never shrunk for another
+            job's sake or for its own low efficiency; it holds (``HoldMetricsStale``) unless
+            its queue's budget forces a shrink (pending work, headroom, over budget), and its
+            held GPUs count in that budget as any running elastic job's do.
     """
 
     key: JobKey
@@ -137,6 +144,7 @@ class JobState:
     nonelastic_gpus: float = 0.0
     read_problems: tuple[str, ...] = ()
     scheduled_replicas: int | None = None
+    stale_reason: str | None = None
 
     def with_metrics(
         self, history: tuple[ThroughputPoint, ...], remaining_samples: float | None
@@ -164,6 +172,7 @@ class JobState:
             nonelastic_gpus=self.nonelastic_gpus,
             read_problems=self.read_problems,
             scheduled_replicas=self.scheduled_replicas,
+            stale_reason=self.stale_reason,
         )
 
     @property
@@ -209,7 +218,9 @@ class Observation:
         queues: every queue.
         jobs: every job, elastic or not, pending or running.
         cluster_free_gpus: allocatable GPUs no pod requests now.
-        metrics_fresh: False when the metrics source was stale, unreachable or returned NaN.
+        metrics_fresh: False when the cluster- or queue-level figures were stale, unreachable
+            or NaN: every job then holds. A job whose own figures are stale says so in its
+            ``stale_reason`` instead, and only that job holds.
         releasing_gpus: GPUs held by pods that are terminating (a shrink checkpointing): they
             come free shortly, so pending work needs no further shrink for them.
     """

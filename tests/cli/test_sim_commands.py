@@ -13,6 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from simulations.api import Seeded
+from simulations.cluster_config import BUILTIN_CLUSTER, parse_cluster
 from tests.simulations.helpers import interrupt_after
 from tide import sim_commands, tune_command
 
@@ -152,7 +153,7 @@ def test_compare_two_policy_files(tmp_path: Path) -> None:
 def test_tune_writes_trials_and_best_policy(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
     space.write_text(
-        "method: grid\nobjective: avg_jct_h\nparameters:\n  defaults.cooldown_s: [60, 600]\n"
+        "method: grid\nobjective: avg_jct_h\nparameters:\n  defaults.cooldown: [1m, 10m]\n"
     )
     out = tmp_path / "tune"
     result = runner.invoke(
@@ -162,17 +163,18 @@ def test_tune_writes_trials_and_best_policy(tmp_path: Path) -> None:
     with (out / "trials.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
     # In the order the runs finished (two workers): the base first or second.
-    assert sorted((r["trial"], r["defaults.cooldown_s"]) for r in rows) == [
-        ("0", "60.0"), ("1", "600.0"), ("base", "300.0")
+    assert sorted((r["trial"], r["defaults.cooldown"]) for r in rows) == [
+        ("0", "1m"), ("1", "10m"), ("base", "5m")
     ]  # fmt: skip
-    objective = {float(r["defaults.cooldown_s"]): float(r["avg_jct_h"]) for r in rows}
+    seconds = {"1m": 60.0, "10m": 600.0, "5m": 300.0}
+    objective = {seconds[r["defaults.cooldown"]]: float(r["avg_jct_h"]) for r in rows}
     from scheduler_policy.policy.file import load_policy
 
     best = load_policy(out / "best-policy.yaml")
     assert objective[best.defaults.cooldown_s] == min(objective.values())
     text = " ".join(result.output.split())
     if best.defaults.cooldown_s == 300.0:  # the base's run: no trial beats it
-        assert "no trial beats the base policy" in text and best.name == "tide-default"
+        assert "no trial beats the base policy" in text and best.name == "default"
     else:
         change = (objective[best.defaults.cooldown_s] / objective[300.0] - 1) * 100
         assert f"avg_jct_h {objective[best.defaults.cooldown_s]:.4g}; the base policy " in text
@@ -180,14 +182,13 @@ def test_tune_writes_trials_and_best_policy(tmp_path: Path) -> None:
     # How far any policy could go: the same lower bound simulate prints for this workload.
     from simulations.api import load_workload
     from simulations.bounds import jct_lower_bound_h
-    from simulations.cluster_config import BUILTIN_CLUSTER
 
     bound = jct_lower_bound_h(load_workload(duration_s=2 * 3600.0), BUILTIN_CLUSTER)
     assert f"no policy can bring avg_jct_h below {bound:.4g} on these workloads" in text
     assert bound <= min(objective.values())
     records = json.loads((out / "trials.json").read_text())
     assert [r["trial"] for r in records] == ["base", 0, 1]
-    assert records[0]["params"] == {"defaults.cooldown_s": 300.0}
+    assert records[0]["params"] == {"defaults.cooldown": "5m"}
     for r in records:  # one workload: its figure is the objective
         assert [w["avg_jct_h"] for w in r["by_workload"]] == [r["objective"]]
         assert [(w["workload"], w["seed"]) for w in r["by_workload"]] == [
@@ -198,7 +199,7 @@ def test_tune_writes_trials_and_best_policy(tmp_path: Path) -> None:
 def test_tune_gives_the_jct_bound_only_for_an_average_jct_objective(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
     space.write_text(
-        "method: grid\nobjective: useful_utilization\nparameters:\n  defaults.cooldown_s: [60]\n"
+        "method: grid\nobjective: useful_utilization\nparameters:\n  defaults.cooldown: [1m]\n"
     )
     out = tmp_path / "tune"
     result = runner.invoke(app, ["tune", str(space), "--duration", "2", "--out", str(out)])
@@ -208,9 +209,12 @@ def test_tune_gives_the_jct_bound_only_for_an_average_jct_objective(tmp_path: Pa
 
 def test_tune_bad_space_exits_1(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
-    space.write_text("parameters:\n  defaults.cooldwn_s: [1, 2]\n")
+    space.write_text("parameters:\n  defaults.cooldwn: [1s, 2s]\n")
     result = runner.invoke(app, ["tune", str(space), "--out", str(tmp_path)])
-    assert result.exit_code == 1 and "defaults.cooldwn_s" in result.output
+    assert result.exit_code == 1
+    assert "defaults.cooldwn: not a policy parameter; did you mean 'defaults.cooldown'?" in (
+        " ".join(result.output.split())
+    )
 
 
 def test_tune_refuses_a_value_the_policy_file_would_refuse_before_writing(tmp_path: Path) -> None:
@@ -229,7 +233,7 @@ def test_tune_with_constraints_no_trial_meets_writes_no_policy_and_exits_1(
 ) -> None:
     space = tmp_path / "space.yaml"
     space.write_text(
-        "method: grid\nparameters:\n  defaults.cooldown_s: [60, 600]\n"
+        "method: grid\nparameters:\n  defaults.cooldown: [1m, 10m]\n"
         "constraints:\n  useful_utilization: {min: 0.999}\n"
     )
     out = tmp_path / "o"
@@ -242,7 +246,7 @@ def test_tune_with_constraints_no_trial_meets_writes_no_policy_and_exits_1(
         "neither the base policy nor any finished trial meets the constraints "
         "(useful_utilization >= 0.999)" in text
     )
-    assert "rank –: misses a constraint" in text
+    assert "–: misses a constraint" in text and "base –" in text
     assert not (out / "best-policy.yaml").exists()
     trials = json.loads((out / "trials.json").read_text())
     assert [t["meets_constraints"] for t in trials] == [False, False, False]
@@ -254,7 +258,7 @@ def test_tune_says_when_no_workload_has_a_constrained_figure(tmp_path: Path) -> 
     trace.write_text("job_id,submit_s,replicas,duration_s,elastic\na,0,2,600,true\n")
     space = tmp_path / "space.yaml"
     space.write_text(
-        "method: grid\nparameters:\n  defaults.cooldown_s: [60]\n"
+        "method: grid\nparameters:\n  defaults.cooldown: [1m]\n"
         "constraints:\n  p95_queue_nonelastic_h: {max: 1}\n"
     )
     args = ["tune", str(space), "--trace", str(trace), "--out", str(tmp_path / "o")]
@@ -275,7 +279,7 @@ def test_simulate_refuses_a_load_that_is_not_positive(tmp_path: Path) -> None:
 
 def test_tune_names_a_seed_that_is_not_a_non_negative_integer(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
-    space.write_text("parameters:\n  defaults.cooldown_s: [60, 600]\n")
+    space.write_text("parameters:\n  defaults.cooldown: [1m, 10m]\n")
     for bad in ("0,x", "-1"):
         result = runner.invoke(app, ["tune", str(space), "--seeds", bad, "--out", str(tmp_path)])
         assert result.exit_code == 2, result.output
@@ -285,7 +289,7 @@ def test_tune_names_a_seed_that_is_not_a_non_negative_integer(tmp_path: Path) ->
 
 def test_a_tuning_trial_shows_what_simulate_shows_for_its_policy(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
-    space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [300]\n")  # the default
+    space.write_text("method: grid\nparameters:\n  defaults.cooldown: [5m]\n")  # the default
     common = ["--seeds", "1,2", "--duration", "6"]
     tuned = runner.invoke(app, ["tune", str(space), *common, "--out", str(tmp_path / "t")])
     assert tuned.exit_code == 0, tuned.output
@@ -308,16 +312,17 @@ def test_the_report_records_the_cluster_the_policies_and_the_run_options(tmp_pat
     result = runner.invoke(app, [*args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "report.json").read_text())["meta"]
-    assert meta["cluster_spec"]["overcommit_factor"] == 1.2
+    assert meta["cluster_spec"]["overcommitFactor"] == 1.2
+    assert parse_cluster(meta["cluster_spec"], source="report") == BUILTIN_CLUSTER
     assert [q["name"] for q in meta["cluster_spec"]["queues"]] == ["research", "production"]
     assert meta["policies"]["static"] == "static"
-    assert meta["policies"]["tide"]["spec"]["interval"] == "60s"
+    assert meta["policies"]["tide"]["spec"]["interval"] == "1m"
     assert meta["run_options"]["faults"]["node_mtbf_s"] == 30 * 3600.0
 
 
 def test_tune_refuses_a_seed_or_a_trace_given_twice(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
-    space.write_text("parameters:\n  defaults.cooldown_s: [60, 600]\n")
+    space.write_text("parameters:\n  defaults.cooldown: [1m, 10m]\n")
     result = runner.invoke(app, ["tune", str(space), "--seeds", "0,1,0", "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert "seed 0 is given twice" in result.output
@@ -349,34 +354,40 @@ def test_yaml_errors_in_cluster_and_space_files_name_line_and_column(tmp_path: P
 
 
 def test_tune_table_names_every_parameter_whole_in_80_columns(tmp_path: Path) -> None:
-    names = [
-        "interval_s",
-        "defaults.cooldown_s",
-        "defaults.tolerance",
-        "defaults.max_step_up",
-        "defaults.max_step_down",
-        "defaults.window_down_s",
-        "defaults.assumed_remaining_s",
-    ]
+    names = {
+        "interval": "[1m, 2m]",
+        "defaults.cooldown": "[1m, 2m]",
+        "defaults.tolerance": "[0.1, 0.2]",
+        "defaults.maxStepUp": "[1, 2]",
+        "defaults.maxStepDown": "[1, 2]",
+        "defaults.stabilizationWindow.down": "[1m, 2m]",
+        "defaults.assumedRemaining": "[1h, 2h]",
+    }
     space = tmp_path / "space.yaml"
     space.write_text(
         "method: random\ntrials: 2\nparameters:\n"
-        + "".join(f"  {n}: {'[0.1, 0.2]' if 'tolerance' in n else '[1, 2]'}\n" for n in names)
+        + "".join(f"  {n}: {values}\n" for n, values in names.items())
     )
     result = runner.invoke(app, ["tune", str(space), "--duration", "1", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert max(map(len, lines)) <= 80 and "…" not in result.output
-    rule = next(i for i, line in enumerate(lines) if line.lstrip().startswith("───"))
-    # Each header is its name's lines, right-aligned in its column: read them column by column.
-    header = lines[rule - 3 : rule]
-    ends = [m.end() for m in re.finditer(r"\S+", header[-1])]
-    starts = [0, *ends[:-1]]
-    shown = [
-        "".join(line[a:b].strip() for line in header) for a, b in zip(starts, ends, strict=True)
-    ]
-    assert shown == ["rank", *(n.removeprefix("defaults.") for n in sorted(names)), "avg_jct_h"]
-    assert "defaults.* parameters are shown without the prefix" in result.output
+    # The table may be split over several (each repeating the trial column); each header is
+    # its name's lines, right-aligned in its column: read them column by column.
+    shown: list[str] = []
+    for rule in (i for i, line in enumerate(lines) if line.lstrip().startswith("───")):
+        top = rule
+        while lines[top - 1].strip():
+            top -= 1
+        header = lines[top:rule]
+        ends = [m.end() for m in re.finditer(r"\S+", header[-1])]
+        starts = [0, *ends[:-1]]
+        part = [
+            "".join(line[a:b].strip() for line in header) for a, b in zip(starts, ends, strict=True)
+        ]
+        shown += part if not shown else part[1:]
+    assert shown == ["trial", *(n.removeprefix("defaults.") for n in sorted(names)), "avg_jct_h"]
+    assert "defaults.* parameters are shown without the prefix" in " ".join(result.output.split())
 
 
 def test_an_interrupted_tune_writes_the_best_of_the_finished_trials(
@@ -388,7 +399,7 @@ def test_an_interrupted_tune_writes_the_best_of_the_finished_trials(
         tune_module, "results_as_done", interrupt_after(tune_module.results_as_done, 2)
     )
     space = tmp_path / "space.yaml"
-    space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [60, 120, 300, 600]\n")
+    space.write_text("method: grid\nparameters:\n  defaults.cooldown: [1m, 2m, 5m, 10m]\n")
     out = tmp_path / "tune"
     result = runner.invoke(
         app, ["tune", str(space), "--duration", "1", "--workers", "1", "--out", str(out)]
@@ -408,7 +419,7 @@ def test_an_interrupted_tune_writes_the_best_of_the_finished_trials(
 
 def test_tune_says_when_the_space_holds_fewer_sets_than_trials(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
-    space.write_text("method: random\ntrials: 5\nparameters:\n  defaults.cooldown_s: [60, 600]\n")
+    space.write_text("method: random\ntrials: 5\nparameters:\n  defaults.cooldown: [1m, 10m]\n")
     result = runner.invoke(app, ["tune", str(space), "--duration", "1", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
@@ -444,7 +455,7 @@ def test_simulate_refuses_a_time_option_that_is_not_positive(
 
 def test_tune_refuses_zero_workers(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
-    space.write_text("parameters:\n  defaults.cooldown_s: [60, 600]\n")
+    space.write_text("parameters:\n  defaults.cooldown: [1m, 10m]\n")
     result = runner.invoke(app, ["tune", str(space), "--workers", "0", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "--workers" in result.output
 
@@ -600,7 +611,7 @@ def test_tune_runs_a_trace_at_every_seed(
     trace = tmp_path / "t.csv"
     trace.write_text(f"{header}\n{row}\n")
     space = tmp_path / "space.yaml"
-    space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [60]\n")
+    space.write_text("method: grid\nparameters:\n  defaults.cooldown: [1m]\n")
     seen: list[Seeded] = []
 
     class Stop(Exception):
@@ -628,11 +639,11 @@ def test_tune_takes_the_replay_options_of_simulate(
     trace = tmp_path / "t.csv"
     trace.write_text("job_id,submit_s,replicas,duration_s\na,0,2,600\nb,oops,1,60\n")
     space = tmp_path / "space.yaml"
-    space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [60]\n")
+    space.write_text("method: grid\nparameters:\n  defaults.cooldown: [1m]\n")
     args = ["tune", str(space), "--trace", str(trace), "--out", str(tmp_path / "o")]
     refused = runner.invoke(app, args)
     assert refused.exit_code == 1
-    assert f"{trace}:3: submit_s: 'oops' is not a number" in " ".join(refused.output.split())
+    assert f"{trace}:3: error: submit_s: 'oops' is not a number" in " ".join(refused.output.split())
     seen: dict[str, object] = {}
 
     class Stop(Exception):
@@ -693,7 +704,7 @@ def test_an_output_that_cannot_be_written_is_refused_before_anything_runs(
         "tune": [str(tmp_path / "s.yaml")],
     }
     (tmp_path / "p.yaml").write_text(POLICY % ("p", "60s"))
-    (tmp_path / "s.yaml").write_text("parameters:\n  defaults.cooldown_s: [60]\n")
+    (tmp_path / "s.yaml").write_text("parameters:\n  defaults.cooldown: [1m]\n")
     args = [command, *first[command], "--duration", "1"]
     for out in (a_file, a_file / "below"):  # once ran the whole replay, then a traceback
         result = runner.invoke(app, [*args, "--out", str(out)], env=WIDE)
@@ -714,7 +725,7 @@ def test_tune_runs_one_process_per_cpu_by_default(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     space = tmp_path / "space.yaml"
-    space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [60, 120, 180, 240]\n")
+    space.write_text("method: grid\nparameters:\n  defaults.cooldown: [1m, 2m, 3m, 4m]\n")
     calls: list[tuple[int | None, int]] = []
     real = tune_command.worker_count
 
@@ -734,7 +745,7 @@ def test_tune_runs_one_process_per_cpu_by_default(
 
 def test_tune_shows_the_best_trial_against_the_base_on_each_workload(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
-    space.write_text("method: grid\nparameters:\n  defaults.cooldown_s: [60, 600]\n")
+    space.write_text("method: grid\nparameters:\n  defaults.cooldown: [1m, 10m]\n")
     out = tmp_path / "o"
     result = runner.invoke(
         app, ["tune", str(space), "--seeds", "0,1", "--duration", "3", "--out", str(out)], env=WIDE

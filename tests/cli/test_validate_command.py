@@ -118,3 +118,76 @@ def test_validate_command_passes_the_example_policies() -> None:
     exit_code, output = run(str(POLICIES_DIR), "--strict")
     assert output.splitlines() == [f"OK {p}" for p in sorted(POLICIES_DIR.glob("*.yaml"))]
     assert exit_code == 0
+
+
+MANIFESTS = POLICIES_DIR.parent
+
+
+def test_every_shipped_manifest_passes_strict_validation_recursively() -> None:
+    exit_code, output = run(str(MANIFESTS), "--strict")
+    files = sorted(p for p in MANIFESTS.rglob("*") if p.suffix in (".yaml", ".yml"))
+    assert {p.parent.name for p in files} >= {"clusters", "examples", "policies", "tune"}
+    monitoring = {p for p in files if p.parent.name == "monitoring"}
+    assert monitoring, "the monitoring manifests are searched too"
+    expected = [f"SKIP {p} (only " if p in monitoring else f"OK {p}" for p in files]
+    lines = output.splitlines()
+    assert [line[: len(want)] for line, want in zip(lines, expected, strict=True)] == expected
+    assert exit_code == 0
+
+
+def test_a_file_of_other_kinds_is_an_error_when_named_and_skipped_in_a_directory(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "pm.yaml").write_text(
+        "apiVersion: monitoring.coreos.com/v1\nkind: PodMonitor\nmetadata: {name: x}\n"
+    )
+    exit_code, output = run(str(tmp_path / "pm.yaml"))
+    assert exit_code == 1 and "holds no tide.io/v1alpha1 ElasticPolicy" in output
+    exit_code, output = run(str(tmp_path))
+    assert exit_code == 0
+    assert output.strip() == f"SKIP {tmp_path / 'pm.yaml'} (only PodMonitor: not tide's to check)"
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "line"),
+    [
+        ("cluster.yaml", "kind: Cluster\nnodes: 2\ngpus_per_node: 4\nqueues: [{name: a}]\n",
+         "<f>: error: gpus_per_node: is now spelled 'gpusPerNode'"),
+        ("cluster.yaml", "nodes: 2\ngpusPerNode: 4\nqueues: [{name: a, wieght: 1}]\n",
+         "<f>: error: queues[0].wieght: unknown key; did you mean 'weight'?"),
+        ("space.yaml", "parameters:\n  defaults.cooldown_s: [60]\n",
+         "<f>: error: parameters.defaults.cooldown_s: is now spelled 'defaults.cooldown', as in "
+         "the policy file (durations as strings, e.g. '5m')"),
+        ("space.yaml", "kind: SearchSpace\nmethod: grid\nparameters:\n  interval: [1m]\n",
+         "OK <f>"),
+    ],
+    ids=["cluster-old-key", "cluster-typo", "space-old-name", "space-clean"],
+)  # fmt: skip
+def test_validate_checks_cluster_files_and_search_spaces_by_their_shape(
+    tmp_path: Path, name: str, text: str, line: str
+) -> None:
+    nested = tmp_path / "a" / "b"
+    nested.mkdir(parents=True)
+    (nested / name).write_text(text)
+    exit_code, output = run(str(tmp_path))  # found below the folder given
+    assert output.splitlines() == [line.replace("<f>", str(nested / name))]
+    assert exit_code == (0 if line.startswith("OK") else 1)
+
+
+def test_what_tune_writes_passes_strict_validation(tmp_path: Path) -> None:
+    from tide import tune_command
+
+    app = make_app()
+    tune_command.register(app)
+    space = tmp_path / "space.yaml"
+    space.write_text("method: grid\nparameters:\n  defaults.tolerance: [0.1]\n")
+    out = tmp_path / "tide-tune-out"
+    tuned = CliRunner().invoke(
+        app, ["tune", str(space), "--duration", "1", "--no-bound", "--out", str(out)]
+    )
+    assert tuned.exit_code == 0, tuned.output
+    text = (out / "best-policy.yaml").read_text()
+    assert "300s" not in text and "cooldown: 5m" in text
+    exit_code, output = run(str(out), "--strict")
+    assert output.splitlines() == [f"OK {out / 'best-policy.yaml'}"]
+    assert exit_code == 0

@@ -47,6 +47,7 @@ def make_job(
     restart_cost_s: float | None = None,
     last_rescale_s: float | None = None,
     scheduled: int | None = None,
+    stale: str | None = None,
 ) -> JobState:
     return JobState(
         key=JobKey(f"ns/{name}"),
@@ -62,6 +63,7 @@ def make_job(
         restart_cost_s=restart_cost_s,
         last_rescale_s=last_rescale_s,
         scheduled_replicas=scheduled,
+        stale_reason=stale,
     )
 
 

@@ -398,7 +398,7 @@ def test_observation_file_refuses_a_queue_or_a_job_given_twice(tmp_path):
     path = tmp_path / "obs.yaml"
     job = "{key: ns/a, queue: q, currentReplicas: 2, elastic: true}"
     path.write_text(
-        "queues: [{name: q}, {name: r}, {name: q}]\n"
+        "time: 0\nqueues: [{name: q}, {name: r}, {name: q}]\n"
         f"jobs:\n  - {job}\n  - {{key: ns/b, queue: q, currentReplicas: 1}}\n  - {job}\n"
     )
     with pytest.raises(ObservationError) as refused:

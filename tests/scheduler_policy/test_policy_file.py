@@ -74,8 +74,8 @@ def test_parse_duration_accepts(text: str, seconds: float) -> None:
     [
         (30, "spec.interval: must be a duration string such as '30s', got 30"),
         (1.5, "spec.interval: must be a duration string such as '1.5s', got 1.5"),
-        (True, "spec.interval: must be a duration string such as '30s', got True"),
-        (None, "spec.interval: must be a duration string such as '30s', got None"),
+        (True, "spec.interval: must be a duration string such as '30s', got true"),
+        (None, "spec.interval: must be a duration string such as '30s', got null"),
         ("-5m", "spec.interval: must not be negative, got '-5m'"),
         ("5 min", "spec.interval: must be a duration such as '30s', '5m', '1h30m' or '500ms', "
                   "got '5 min'"),
@@ -220,7 +220,7 @@ ERROR_CASES = [
     (make_doc({"defaults": {"tolerance": -0.1}}), "spec.defaults.tolerance: must be at least 0 "
                                                   "and less than 1, got -0.1"),
     (make_doc({"defaults": {"tolerance": True}}), "spec.defaults.tolerance: must be a number, "
-                                                  "got True"),
+                                                  "got true"),
     (make_doc({"defaults": {"tolerance": "5%"}}), "spec.defaults.tolerance: must be a number, "
                                                   "got '5%'"),
     (make_doc({"defaults": {"tolerance": float("nan")}}), "spec.defaults.tolerance: must be a "
@@ -236,7 +236,7 @@ ERROR_CASES = [
     (make_doc({"defaults": {"maxStepDown": 2.0}}), "spec.defaults.maxStepDown: must be an "
                                                    "integer, got 2.0"),
     (make_doc({"defaults": {"maxStepDown": True}}), "spec.defaults.maxStepDown: must be an "
-                                                    "integer, got True"),
+                                                    "integer, got true"),
     (make_doc({"defaults": {"stabilizationWindow": "5m"}}), "spec.defaults.stabilizationWindow: "
                                                             "must be a mapping, got '5m'"),
     (make_doc({"defaults": {"stabilizationWindow": {"down": 300}}}),
@@ -409,7 +409,14 @@ def test_example_policy_parses(path: Path) -> None:
 
 def test_default_example_spells_out_the_defaults() -> None:
     policy = load_policy(POLICIES_DIR / "default.yaml")
-    assert policy == ElasticPolicy(queues=(QueuePolicy(name=QueueName("default")),))
+    # Every field at its dataclass default; the built-in cluster's two queues (the simulator's
+    # default policy, ``default_policy_for``: tests/cli/test_files.py).
+    assert policy == ElasticPolicy(
+        queues=(
+            QueuePolicy(name=QueueName("research"), borrow=True),
+            QueuePolicy(name=QueueName("production"), elastic=False),
+        )
+    )
 
 
 @pytest.mark.parametrize(

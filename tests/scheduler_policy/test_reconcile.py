@@ -9,7 +9,7 @@ import pytest
 from scheduler_policy.engine.reconcile import reconcile
 from scheduler_policy.models.cache import ModelCache
 from scheduler_policy.testing.fake import FakeCluster
-from scheduler_policy.vocabulary.state import JobKey, JobPhase, Reason, ThroughputPoint
+from scheduler_policy.vocabulary.state import JobKey, JobPhase, QueueName, Reason, ThroughputPoint
 from tests.scheduler_policy.builders import (
     NOW_S,
     make_job,
@@ -275,18 +275,45 @@ def test_stale_metrics_hold_every_job_and_write_nothing():
     assert cluster.job(JobKey("ns/a")).current_replicas == 6
 
 
-def test_nan_throughput_counts_as_stale():
+def test_nan_throughput_makes_that_job_stale_and_it_still_shrinks_for_pending_work():
     job = make_job("a", current=6)
     broken = dataclasses.replace(
-        job, throughput_history=(ThroughputPoint(NOW_S - 10, 6, float("nan")),)
+        job,
+        throughput_history=(*job.throughput_history, ThroughputPoint(NOW_S - 10, 6, float("nan"))),
     )
     cluster = FakeCluster(make_observation(broken, queues=(make_queue(capability=8, pending=4),),
                                            free=0))  # fmt: skip
     result = run(cluster, make_policy())
-    assert not result.observation.metrics_fresh
+    assert result.observation.metrics_fresh  # the cluster's figures are fine
+    (seen,) = result.observation.jobs
+    assert "not finite" in seen.stale_reason and "nan" in seen.stale_reason
+    assert seen.throughput_history == job.throughput_history  # the NaN point is dropped
     assert [(d.target_replicas, d.reason) for d in result.decisions] == [
-        (6, Reason.HOLD_METRICS_STALE)
+        (4, Reason.SHRINK_FOR_PENDING_WORK)
     ]
+
+
+def test_a_stale_job_holds_while_a_fresh_job_in_its_queue_scales_up():
+    cluster = FakeCluster(make_observation(make_job("a", current=2), make_job("b", current=2),
+                                           free=4))  # fmt: skip
+    cluster.stale_jobs[JobKey("ns/a")] = "throughput series absent for 300 s"
+    result = run(cluster, make_policy())
+    decisions = {d.job: (d.target_replicas, d.reason) for d in result.decisions}
+    assert decisions == {
+        JobKey("ns/a"): (2, Reason.HOLD_METRICS_STALE),
+        JobKey("ns/b"): (6, Reason.SCALE_UP_FOR_IDLE_GPUS),
+    }
+    held = next(d for d in result.decisions if d.job == "ns/a")
+    assert "ns/a" in held.message and "absent for 300 s" in held.message
+    assert cluster.job(JobKey("ns/a")).current_replicas == 2
+    assert cluster.job(JobKey("ns/b")).current_replicas == 6
+    # When the metrics recover, the job is planned for again.
+    del cluster.stale_jobs[JobKey("ns/a")]
+    cluster.free_gpus = 2.0
+    again = run(cluster, make_policy(), now_s=NOW_S + 60)
+    assert {d.job: d.reason for d in again.decisions}[JobKey("ns/a")] is not (
+        Reason.HOLD_METRICS_STALE
+    )
 
 
 def test_a_refused_write_does_not_stop_the_others():
@@ -336,6 +363,7 @@ def test_joining_metrics_keeps_every_other_field_of_the_job():
         "nonelastic_gpus": 1.0,
         "read_problems": ("bad annotation",),
         "scheduled_replicas": 4,
+        "stale_reason": "throughput absent",
     }
     assert set(values) == {f.name for f in dataclasses.fields(JobState)}
     job = JobState(**values)
@@ -348,13 +376,16 @@ def test_joining_metrics_keeps_every_other_field_of_the_job():
             assert getattr(JobState(**values).with_metrics((), None), name) == value
 
 
-def test_nan_throughput_after_finite_points_counts_as_stale():
-    job = make_job("a", current=6)
-    history = (ThroughputPoint(NOW_S - 20, 6, 50.0), ThroughputPoint(NOW_S - 10, 6, float("inf")))
-    observation = make_observation(
-        dataclasses.replace(job, throughput_history=history),
-        queues=(make_queue(capability=8, pending=4),),
-        free=0,
-    )
-    cluster = FakeCluster(observation)
-    assert not run(cluster, make_policy()).observation.metrics_fresh
+def test_non_finite_queue_figures_hold_every_job():
+    cluster = FakeCluster(make_observation(make_job("a", current=2), free=4))
+    real_sample = cluster.sample
+
+    def sample(*, now_s):
+        return dataclasses.replace(
+            real_sample(now_s=now_s), queue_allocated_gpus={QueueName("q"): float("nan")}
+        )
+
+    cluster.sample = sample  # type: ignore[method-assign]
+    result = run(cluster, make_policy())
+    assert not result.observation.metrics_fresh
+    assert [d.reason for d in result.decisions] == [Reason.HOLD_METRICS_STALE]

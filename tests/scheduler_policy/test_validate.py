@@ -115,12 +115,12 @@ JOB_CASES = [
      ["metadata.annotations[\"tide.io/min-replicas\"]: must be a non-negative integer, "
       "got 'two'"], []),
     (make_job(annotations={"tide.io/elastic": True}),
-     ["metadata.annotations[\"tide.io/elastic\"]: must be a string (quote it in YAML), got True"],
+     ["metadata.annotations[\"tide.io/elastic\"]: must be a string (quote it in YAML), got true"],
      []),
     (make_job(tasks=[make_task("master", 1), make_task("worker", "four", min_available=1)]),
      ["spec.tasks[1].replicas: must be a non-negative integer, got 'four'"], []),
     ({"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "x"}},
-     ["spec: must be a mapping, got None"], []),
+     ["spec: must be a mapping, got null"], []),
     (make_job(tasks=[]), ["spec.tasks: must be a non-empty list of tasks, got []"], []),
 ]  # fmt: skip
 JOB_IDS = [
@@ -169,7 +169,7 @@ def test_check_job_reports_several_problems_at_once() -> None:
         ([{**POLICY_DOC, "spec": {"queues": [{"name": "prod", "elastic": False,
                                               "borrowIdleGpus": True}]}}], [],
          ["spec.queues[0].borrowIdleGpus: has no effect on a queue with elastic: false, "
-          "got True"]),
+          "got true"]),
         ([POLICY_DOC, make_job()],
          ["document 1: an ElasticPolicy file must hold exactly one YAML document, found 2"], []),
         ([make_job(), make_job(min_available=9)],
@@ -241,3 +241,22 @@ def test_the_example_elastic_job_passes_tide_validate() -> None:
     example = POLICIES_DIR.parent / "examples" / "elastic-pytorch-job.yaml"
     report = validate_file(example)
     assert (report.errors, report.warnings) == ((), ())
+
+
+def test_check_job_reads_the_job_as_the_engine_does() -> None:
+    # One reader (adapters.volcano_job) for `tide validate` and the engine: a GPU request the
+    # engine could not read is an error here too, and tide's own memory annotation is no
+    # unknown annotation.
+    worker = make_task("worker", 4, min_available=1)
+    worker["template"]["spec"] = {
+        "containers": [{"name": "t", "resources": {"limits": {"nvidia.com/gpu": "lots"}}}]
+    }
+    job = make_job(tasks=[make_task("master", 1), worker],
+                   annotations={"tide.io/memory": '{"v":1,"recommendations":[]}'})  # fmt: skip
+    assert check_job(job) == (
+        [
+            "spec.tasks[1].template.spec.containers[0].resources.limits[nvidia.com/gpu]: "
+            "must be a non-negative quantity, got 'lots'"
+        ],
+        [],
+    )

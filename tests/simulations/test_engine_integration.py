@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from scheduler_policy.adapters.memory_codec import MEMORY_ANNOTATION, decode_memory
 from scheduler_policy.engine.reconcile import reconcile
 from scheduler_policy.models.cache import ModelCache
 from scheduler_policy.policy.spec import ElasticPolicy, QueuePolicy
@@ -35,7 +36,7 @@ def test_tide_grows_into_idle_gpus_and_memory_is_stored() -> None:
         job.spec_replicas
     ]
     assert job.spec_replicas > 1
-    assert job.memory == result.applied[0].memory
+    assert decode_memory(job.annotations[MEMORY_ANNOTATION]) == result.applied[0].memory
     again = reconcile(metrics=sim, cluster=sim, policy=POLICY, now_s=600.0, models=models)
     assert again.applied == ()  # reconciling twice on the same cluster writes nothing
 

@@ -111,22 +111,61 @@ def test_philly_and_itp_small_files(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "problem"),
     [
-        ("nodes: 0\ngpus_per_node: 4\nqueues: [{name: a}]\n", "nodes"),
-        ("nodes: 1\ngpus_per_node: 4\nqueues: [{name: a, guarantee_gpus: 9}]\n", "guarantees"),
-        ("nodes: 1\ngpus_per_node: 4\nqueues: [{name: a}, {name: a}]\n", "duplicate"),
-        ("nodes: 1\ngpus_per_node: 4\nqueues: [{name: a, wieght: 2}]\n", "unknown field"),
+        ("nodes: 0\ngpusPerNode: 4\nqueues: [{name: a}]\n", "nodes: must be an integer from 1"),
         (
-            "nodes: 1000000000\ngpus_per_node: 8\nqueues: [{name: a}]\n",
+            "nodes: 1\ngpusPerNode: 4\nqueues: [{name: a, guaranteeGpus: 9}]\n",
+            "queues: guarantees sum to 9 GPUs, above the cluster's 4",
+        ),
+        ("nodes: 1\ngpusPerNode: 4\nqueues: [{name: a}, {name: a}]\n", "duplicate queue 'a'"),
+        (
+            "nodes: 1\ngpusPerNode: 4\nqueues: [{name: a, wieght: 2}]\n",
+            "queues[0].wieght: unknown key; did you mean 'weight'?",
+        ),
+        (
+            "nodes: 1000000000\ngpusPerNode: 8\nqueues: [{name: a}]\n",
             "nodes: must be an integer from 1 to 100,000, got 1000000000",
         ),
-        ("nodes: 2\ngpus_per_node: 4096\nqueues: [{name: a}]\n", "gpus_per_node: must be an"),
+        ("nodes: 2\ngpusPerNode: 4096\nqueues: [{name: a}]\n", "gpusPerNode: must be an"),
+        (
+            "nodes: 2\ngpus_per_node: 4\nqueues: [{name: a}]\n",
+            "gpus_per_node: is now spelled 'gpusPerNode'",
+        ),
+        (
+            "nodes: 2\ngpusPerNode: 4\nrestart_cost_s: 30\nqueues: [{name: a}]\n",
+            "restart_cost_s: is now spelled 'restartCost' (a duration such as '30s')",
+        ),
+        (
+            "nodes: 2\ngpusPerNode: 4\nqueues: [{name: a, guarantee_gpus: 2}]\n",
+            "queues[0].guarantee_gpus: is now spelled 'guaranteeGpus'",
+        ),
+        (
+            "nodes: 2\ngpusPerNode: 4\nrestartCost: 30\nqueues: [{name: a}]\n",
+            "restartCost: must be a duration string such as '30s', got 30",
+        ),
+        (
+            "nodes: 2\ngpusPerNode: 4\nnodes: 3\nqueues: [{name: a}]\n",
+            "line 3, column 1: invalid YAML: key 'nodes' is given twice (first on line 1)",
+        ),
+        (
+            "kind: cluster\nnodes: 2\ngpusPerNode: 4\nqueues: [{name: a}]\n",
+            "kind: must be 'Cluster', got 'cluster'; did you mean 'Cluster'?",
+        ),
+        (
+            "nodes: 2\ngpusPerNode: 4\nqueues: [{name: a, capabilityGpus: 1.5}]\n",
+            "queues[0].capabilityGpus: must be a whole number of GPUs, got 1.5",
+        ),
+        ("nodes: 2\nqueues: [{name: a}]\n", "gpusPerNode: is required"),
     ],
-    ids=["zero-nodes", "over-guaranteed", "duplicate-queue", "typo", "too-many-nodes", "huge-node"],
-)
+    ids=[
+        "zero-nodes", "over-guaranteed", "duplicate-queue", "typo", "too-many-nodes",
+        "huge-node", "old-top-key", "old-duration-key", "old-queue-key", "bare-seconds",
+        "key-twice", "kind-case", "fractional-gpus", "missing",
+    ],
+)  # fmt: skip
 def test_cluster_file_problems(tmp_path: Path, text: str, problem: str) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(text)
-    with pytest.raises(ClusterFileError, match=problem):
+    with pytest.raises(ClusterFileError, match=re.escape(problem)):
         load_cluster(path)
 
 

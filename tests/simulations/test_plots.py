@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import matplotlib.image
@@ -76,3 +77,29 @@ def test_utilization_has_one_panel_per_policy(static_run: SimResult, tmp_path: P
         heights.append(matplotlib.image.imread(out / "utilization.png").shape[0])
     # Each panel adds the same height: three panels are much taller than one.
     assert heights[1] > 2 * heights[0]
+
+
+def test_every_plot_names_what_ran_and_the_cdf_reads_in_plain_hours(
+    static_run: SimResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import simulations.plots as plots
+
+    figures: dict[str, object] = {}
+    real = plots._save
+
+    def keep(fig: object, path: Path) -> Path:
+        fig.canvas.draw()  # type: ignore[attr-defined]
+        figures[path.name] = {
+            "titles": [ax.get_title() for ax in fig.axes]  # type: ignore[attr-defined]
+            + [fig._suptitle.get_text() if fig._suptitle else ""],  # type: ignore[attr-defined]
+            "xticks": [t.get_text() for t in fig.axes[0].get_xticklabels()],  # type: ignore[attr-defined]
+        }
+        return real(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    plot_all([static_run], tmp_path, subject="w on c, 32 GPUs")
+    for name in ("jct_cdf.png", "utilization.png", "replicas.png"):
+        assert any("w on c, 32 GPUs" in t for t in figures[name]["titles"]), name  # type: ignore[index]
+    ticks = [t for t in figures["jct_cdf.png"]["xticks"] if t]  # type: ignore[index]
+    # "0.1", "1", "10": not matplotlib's mathtext powers of ten ("$\\mathdefault{10^{0}}$").
+    assert ticks and all(re.fullmatch(r"[0-9.]+", t) for t in ticks), ticks

@@ -69,9 +69,9 @@ _POSITIVE_SECONDS = st.floats(min_value=1e-3, max_value=1e9, allow_nan=False)
     window=_SECONDS,
     remaining=_POSITIVE_SECONDS,
     tolerance=st.floats(min_value=0.0, max_value=0.999),
-    headroom=st.floats(min_value=0.0, max_value=1e4),
+    headroom=st.integers(min_value=0, max_value=10_000).map(float),  # GPUs are whole
     quantile=st.none() | st.floats(min_value=0.01, max_value=0.99),
-    cap=st.none() | st.floats(min_value=0.0, max_value=1e4),
+    cap=st.none() | st.integers(min_value=0, max_value=10_000).map(float),
 )
 def test_the_written_policy_reads_back_as_the_policy_that_ran(
     interval: float,

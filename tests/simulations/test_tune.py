@@ -36,7 +36,7 @@ def space(method: str = "random", trials: int = 8, **ranges: tuple[float, float]
         trials=trials,
         seed=3,
         objective="avg_jct_h",
-        choices={"defaults.cooldown_s": (60.0, 300.0), "defaults.max_step_up": (1.0, 2.0, 4.0)},
+        choices={"defaults.cooldown": (60.0, 300.0), "defaults.maxStepUp": (1.0, 2.0, 4.0)},
         ranges=ranges,
     )
 
@@ -96,11 +96,11 @@ def test_an_interrupt_keeps_the_finished_trials_and_their_best(
     with (tmp_path / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [r["trial"] for r in rows] == ["base", "0"]
-    assert float(rows[0]["defaults.cooldown_s"]) == base_policy.defaults.cooldown_s
+    assert rows[0]["defaults.cooldown"] == "5m" and base_policy.defaults.cooldown_s == 300.0
     trial = result.trials[0]
     if trial.objective < result.base.objective:
         assert result.best_trial == trial
-        assert result.best.defaults.cooldown_s == trial.params["defaults.cooldown_s"]
+        assert result.best.defaults.cooldown_s == trial.params["defaults.cooldown"]
     else:
         assert result.best_trial == result.base and result.best == base_policy
 
@@ -117,8 +117,8 @@ def test_of_equal_trials_the_first_planned_is_best_whatever_finishes_first(
     result = _tune_on_builtin(grid, tmp_path)
     planned = candidates(grid)
     assert [t.params for t in result.trials] == planned
-    assert result.best.defaults.cooldown_s == planned[0]["defaults.cooldown_s"]
-    assert result.best.defaults.max_step_up == planned[0]["defaults.max_step_up"]
+    assert result.best.defaults.cooldown_s == planned[0]["defaults.cooldown"]
+    assert result.best.defaults.max_step_up == planned[0]["defaults.maxStepUp"]
 
 
 def _space_file(tmp_path: Path, text: str) -> SearchSpace:
@@ -130,22 +130,26 @@ def _space_file(tmp_path: Path, text: str) -> SearchSpace:
 @pytest.mark.parametrize(
     ("parameters", "expected"),
     [
-        ("interval_s: [60, 0]", "parameters.interval_s: 0 is refused: spec.interval: must be"),
+        ("interval: [1m, 0s]", "parameters.interval: 0s is refused: spec.interval: must be"),
         (
             "defaults.tolerance: {min: 0.0, max: 1.5}",
             "parameters.defaults.tolerance: 1.5 is refused: spec.defaults.tolerance: must be "
             "at least 0 and less than 1",
         ),
-        ("defaults.max_step_up: [0.4]", "parameters.defaults.max_step_up: 0.4 is refused"),
-        ("defaults.cooldown_s: [-5]", "parameters.defaults.cooldown_s: -5 is refused"),
+        ("defaults.maxStepUp: [0]", "parameters.defaults.maxStepUp: 0 is refused"),
         (
-            "queues.research.headroom.forecast_quantile: [0.5, 1]",
-            "parameters.queues.research.headroom.forecast_quantile: 1 is refused: "
+            "queues.research.headroom.gpus: [1.5]",
+            "parameters.queues.research.headroom.gpus: "
+            "1.5 is refused: spec.queues[0].headroom.gpus: must be a whole number of GPUs",
+        ),
+        (
+            "queues.research.headroom.forecastQuantile: [0.5, 1]",
+            "parameters.queues.research.headroom.forecastQuantile: 1 is refused: "
             "spec.queues[0].headroom.forecastQuantile: must be between 0 and 1",
         ),
         (
             "queues.gpu-pool.headroom.gpus: [1]",
-            "parameters.queues.gpu-pool.headroom.gpus: policy tide-default has no queue "
+            "parameters.queues.gpu-pool.headroom.gpus: policy default has no queue "
             "'gpu-pool' (it has research, production)",
         ),
     ],
@@ -163,10 +167,34 @@ def test_a_value_the_policy_file_would_refuse_is_refused_before_any_trial(
 @pytest.mark.parametrize(
     ("parameters", "expected"),
     [
-        ("defaults.cooldown_s: [60, .nan]", "parameters.defaults.cooldown_s: nan is not a finite"),
-        ("defaults.cooldown_s: {min: 0, max: .inf}", "cooldown_s: inf is not a finite number"),
-        ("defaults.cooldown_s: [60, true]", "parameters.defaults.cooldown_s: need a list"),
+        ("defaults.tolerance: [0.1, .nan]", "parameters.defaults.tolerance: nan is not a finite"),
+        ("defaults.tolerance: {min: 0, max: .inf}", "tolerance: inf is not a finite number"),
+        (
+            "defaults.tolerance: [0.1, true]",
+            "parameters.defaults.tolerance: need numbers, got true",
+        ),
+        (
+            "defaults.cooldown: [60]",
+            "parameters.defaults.cooldown: must be a duration string such as '60s', got 60",
+        ),
+        ("defaults.cooldown: [-5s]", "parameters.defaults.cooldown: must not be negative"),
         ("queues.research.headroom.gpu: [1]", "did you mean 'queues.research.headroom.gpus'?"),
+        (
+            "defaults.cooldown_s: [60]",
+            "parameters.defaults.cooldown_s: is now spelled "
+            "'defaults.cooldown', as in the policy file (durations as strings, e.g. '5m')",
+        ),
+        (
+            "queues.research.max_elastic_gpus: [8]",
+            "parameters.queues.research.max_elastic_gpus: "
+            "is now spelled 'queues.research.maxElasticGpus'",
+        ),
+        (
+            "defaults.cooldown: [1m]\n  defaults.cooldown: [2m]",
+            "line 4, column 3: invalid YAML: "
+            "key 'defaults.cooldown' is "
+            "given twice (first on line 3)",
+        ),
     ],
 )
 def test_a_space_file_names_a_value_that_is_not_a_number(
@@ -182,9 +210,9 @@ def test_queue_parameters_set_that_queue_and_nothing_else() -> None:
         base,
         {
             "queues.research.headroom.gpus": 2.0,
-            "queues.research.headroom.forecast_quantile": 0.9,
-            "queues.research.max_elastic_gpus": 12.0,
-            "defaults.cooldown_s": 120.0,
+            "queues.research.headroom.forecastQuantile": 0.9,
+            "queues.research.maxElasticGpus": 12.0,
+            "defaults.cooldown": 120.0,
         },
     )
     research, production = tuned.queues
@@ -212,7 +240,7 @@ def test_the_best_trial_is_the_lowest_objective_among_those_that_meet_the_constr
 ) -> None:
     searched = _space_file(
         tmp_path,
-        "method: grid\nparameters:\n  defaults.cooldown_s: [60, 120, 180, 240]\n"
+        "method: grid\nparameters:\n  defaults.cooldown: [1m, 2m, 3m, 4m]\n"
         "constraints:\n  p95_queue_nonelastic_h: {max: 1.0}\n  useful_utilization: {min: 0.5}\n",
     )
     figures = [
@@ -251,7 +279,7 @@ def test_the_base_policy_is_best_when_no_trial_beats_it(
 ) -> None:
     searched = _space_file(
         tmp_path,
-        "method: grid\nparameters:\n  defaults.cooldown_s: [60, 120]\n"
+        "method: grid\nparameters:\n  defaults.cooldown: [1m, 2m]\n"
         "constraints:\n  useful_utilization: {min: 0.5}\n",
     )
     trials = [
@@ -294,7 +322,7 @@ def test_a_figure_no_workload_has_meets_no_constraint() -> None:
     ],
 )
 def test_a_bad_constraint_is_named(tmp_path: Path, constraints: str, expected: str) -> None:
-    text = f"parameters:\n  defaults.cooldown_s: [60]\nconstraints:\n{constraints}\n"
+    text = f"parameters:\n  defaults.cooldown: [1m]\nconstraints:\n{constraints}\n"
     with pytest.raises(SearchSpaceError, match=re.escape(expected)):
         _space_file(tmp_path, text)
 
@@ -340,8 +368,7 @@ def test_the_objective_is_minimised_or_maximised_and_nan_is_never_best(
 ) -> None:
     searched = _space_file(
         tmp_path,
-        f"method: grid\nobjective: {objective}\n"
-        "parameters:\n  defaults.cooldown_s: [60, 120, 180]\n",
+        f"method: grid\nobjective: {objective}\nparameters:\n  defaults.cooldown: [1m, 2m, 3m]\n",
     )
     assert searched.maximise == (objective == "useful_utilization")
     # Call 0 is the base policy's run; a NaN objective (last trial) must rank last either way.
@@ -356,4 +383,4 @@ def test_the_objective_is_minimised_or_maximised_and_nan_is_never_best(
 @pytest.mark.parametrize("figure", ["jobs", "skipped_rows", "node_failures"])
 def test_a_figure_no_policy_changes_is_no_objective(tmp_path: Path, figure: str) -> None:
     with pytest.raises(SearchSpaceError, match=f"objective: {figure} is a figure of the workload"):
-        _space_file(tmp_path, f"objective: {figure}\nparameters:\n  defaults.cooldown_s: [60]\n")
+        _space_file(tmp_path, f"objective: {figure}\nparameters:\n  defaults.cooldown: [1m]\n")

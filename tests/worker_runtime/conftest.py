@@ -104,14 +104,27 @@ class Cluster:
         # the store outlives a round and the process group's keys carry no round prefix, so a
         # restarted worker can read a peer's gloo address from the previous round and fail to
         # connect. See the comment in manifests/examples/elastic-pytorch-job.yaml.
-        env = dict(os.environ, PYTHONPATH=str(REPO), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-        env.pop("TIDE_METRICS_PORT", None)
-        out = open(self.tmp / f"agent-{len(self.agents)}.log", "wb")  # noqa: SIM115
+        return self.start_command(cmd, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+
+    def start_command(self, cmd: list[str], *, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start an agent from a whole command line, in its own session, logging to a file.
+
+        ``env`` is added to this process's environment, with ``PYTHONPATH`` at the repository
+        so that the workers import this checkout. Its workers are killed at teardown when their
+        command line names ``tmp`` (or they recorded their pid).
+        """
+        full_env = dict(os.environ, PYTHONPATH=str(REPO), **env)
+        full_env.pop("TIDE_METRICS_PORT", None)
+        out = open(self.agent_log(len(self.agents)), "wb")  # noqa: SIM115
         proc = subprocess.Popen(
-            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         self.agents.append(proc)
         return proc
+
+    def agent_log(self, index: int) -> Path:
+        """Where the agent started ``index``-th (from 0) writes its output."""
+        return self.tmp / f"agent-{index}.log"
 
     def events(self) -> list[dict[str, Any]]:
         return read_events(self.log_dir)
@@ -128,11 +141,14 @@ class Cluster:
         )
 
     def kill_all(self) -> None:
-        # Workers run in sessions of their own: kill them by the pids they recorded.
-        for marker in self.log_dir.glob("pid-*"):
-            pid = int(marker.name.removeprefix("pid-"))
+        # Workers run in sessions of their own: kill them by the pids they recorded, or, for
+        # scripts that record none, by the job directory their command line names.
+        pids = {int(m.name.removeprefix("pid-")) for m in self.log_dir.glob("pid-*")}
+        pids |= self._pids_naming_tmp()
+        for pid in pids:
             try:
-                if SCRIPT.name.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if SCRIPT.name.encode() in cmdline or f"{self.tmp}/".encode() in cmdline:
                     os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, FileNotFoundError):
                 pass
@@ -141,6 +157,15 @@ class Cluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+
+    def _pids_naming_tmp(self) -> set[int]:
+        found: set[int] = set()
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit() and int(proc.name) != os.getpid():
+                with contextlib.suppress(OSError):
+                    if f"{self.tmp}/".encode() in (proc / "cmdline").read_bytes():
+                        found.add(int(proc.name))
+        return found
 
 
 @pytest.fixture

@@ -62,6 +62,11 @@ def main() -> None:
     parser.add_argument("--every-steps", type=int, default=4)
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
     parser.add_argument("--pad-mb", type=int, default=0)
+    parser.add_argument("--dropout", type=float, default=0.1)
+    # While this file exists, every step ends with a wait (cut short by SIGTERM), so that a test
+    # can start an agent and have it join before the job runs out of steps, however slowly it
+    # starts.
+    parser.add_argument("--pause-file", default=None)
     args = parser.parse_args()
     # The test harness kills every pid listed here at teardown; SIGUSR1 dumps the stacks.
     (Path(args.log_dir) / f"pid-{os.getpid()}").touch()
@@ -70,7 +75,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(0.1), nn.Linear(32, 1))
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(args.dropout), nn.Linear(32, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.9)
     extras: dict[str, Any] = {"pad": torch.zeros(args.pad_mb * (1 << 18))}
@@ -121,7 +126,7 @@ def main() -> None:
                     total = torch.zeros(1)
                     for i, (idx, x, y) in enumerate(batches):
                         with run.sync_gradients(ddp, last=i == len(batches) - 1):
-                            loss = nn.functional.mse_loss(ddp(x), y) / len(batches)
+                            loss = nn.functional.mse_loss(ddp(x), y) * run.loss_scale
                             loss.backward()
                         total += loss.detach()
                         indices += idx.tolist()
@@ -148,6 +153,12 @@ def main() -> None:
                         }
                     emit(event)
                     time.sleep(args.step_sleep_s)
+                    while (
+                        args.pause_file
+                        and Path(args.pause_file).exists()
+                        and not run.stop_requested
+                    ):
+                        time.sleep(0.05)
     except SystemExit as e:
         emit(
             {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +54,50 @@ def test_every_pod_runs_torchrun_with_a_fresh_store_per_round() -> None:
     for task in load_job()["spec"]["tasks"]:
         env = {e["name"]: e.get("value") for e in task["template"]["spec"]["containers"][0]["env"]}
         assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1", task["name"]
+
+
+DOCKERFILE = REPO / "manifests" / "examples" / "Dockerfile"
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """``(INSTRUCTION, arguments)`` of each line of the example's Dockerfile, comments dropped."""
+    found = []
+    for line in DOCKERFILE.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            instruction, _, rest = line.strip().partition(" ")
+            found.append((instruction.upper(), rest.strip()))
+    return found
+
+
+def test_the_dockerfile_copies_files_that_exist_and_runs_what_the_job_runs() -> None:
+    instructions = dockerfile_instructions()
+    copies = [args.split() for name, args in instructions if name == "COPY"]
+    for *sources, _ in copies:
+        for source in sources:
+            assert (REPO / source).exists(), f"Dockerfile copies {source}, which does not exist"
+    # Every package pyproject.toml installs is in the build.
+    copied = {source for *sources, _ in copies for source in sources}
+    assert {"scheduler_policy", "metrics_collector", "simulations", "tide", "worker_runtime"} <= (
+        copied
+    )
+    script_destinations = {dest for *sources, dest in copies if sources == [
+        "manifests/examples/train_elastic.py"]}  # fmt: skip
+    entrypoint = next(json.loads(args) for name, args in instructions if name == "ENTRYPOINT")
+    assert any(name == "RUN" and '".[worker]"' in args for name, args in instructions)
+    for task in load_job()["spec"]["tasks"]:
+        container = task["template"]["spec"]["containers"][0]
+        assert container["image"] == "ghcr.io/tide/train-elastic:0.1.0"
+        assert container["command"] == entrypoint, task["name"]
+        scripts = [a for a in container["args"] if a.endswith(".py")]
+        assert len(scripts) == 1 and scripts[0] in script_destinations, task["name"]
+
+
+def test_the_base_image_carries_the_torch_release_the_worker_extra_pins() -> None:
+    base = next(args for name, args in dockerfile_instructions() if name == "FROM")
+    # tomllib is Python 3.11+; the project supports 3.10. The worker extra is one line.
+    extra = re.search(r"^worker = \[(.*)\]$", (REPO / "pyproject.toml").read_text(), re.M)
+    assert extra is not None
+    pins = re.findall(r'"torch==([^"]+)"', extra.group(1))
+    assert len(pins) == 1, extra.group(0)
+    version = pins[0]
+    assert re.fullmatch(rf"pytorch/pytorch:{re.escape(version)}-cuda[\d.]+-cudnn\d+-runtime", base)

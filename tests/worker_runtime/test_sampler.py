@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker_runtime import ConfigError, ElasticSampler
+from worker_runtime import ConfigError, ElasticSampler, ScalingMode, plan_batch
 
 
 def run_epoch(size: int, global_batch: int, worlds: list[int], *, shuffle: bool) -> list[int]:
@@ -59,11 +59,98 @@ def test_every_sample_once_per_epoch_for_any_world_sequence(
     assert sorted(seen) == sorted(order.order()[:kept])
 
 
+def run_epoch_uneven(size: int, micro: int, micro_batches: int, worlds: list[int]) -> list[int]:
+    """One epoch in micro batches, each rank taking its plan's share of every step."""
+    global_batch = micro * micro_batches
+    seen: list[int] = []
+    consumed, step = 0, 0
+    while True:
+        world = worlds[min(step, len(worlds) - 1)]
+        plan = plan_batch(
+            mode=ScalingMode.FIXED_GLOBAL_BATCH,
+            world_size=world,
+            micro_batch_size=micro,
+            global_batch_size=global_batch,
+        )
+        ranks = [
+            ElasticSampler(
+                range(size),
+                rank=r,
+                world_size=world,
+                seed=3,
+                global_batch_size=global_batch,
+                micro_batch_size=micro,
+                drop_last=True,
+            )
+            for r in range(world)
+        ]
+        for s in ranks:
+            s.set_position(epoch=1, consumed_samples=consumed)
+        if ranks[0].remaining_samples() == 0:
+            return seen
+        for r, s in enumerate(ranks):  # one global step: each rank takes its share
+            mine = list(s)
+            assert len(mine) == len(s)
+            seen += mine[: plan.samples_of(r)]
+        consumed += global_batch
+        step += 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(1, 300),
+    micro=st.integers(1, 4),
+    micro_batches=st.integers(8, 16),
+    worlds=st.lists(st.integers(1, 8), min_size=1, max_size=30),
+)
+def test_every_sample_once_per_epoch_with_uneven_shares(
+    size: int, micro: int, micro_batches: int, worlds: list[int]
+) -> None:
+    # World sizes 1 to 8 against 8 to 16 micro batches a step: most splits are uneven.
+    seen = run_epoch_uneven(size, micro, micro_batches, worlds)
+    global_batch = micro * micro_batches
+    kept = size - size % global_batch
+    assert len(seen) == len(set(seen)) == kept
+    order = ElasticSampler(range(size), rank=0, world_size=1, seed=3)
+    order.set_position(epoch=1, consumed_samples=0)
+    assert sorted(seen) == sorted(order.order()[:kept])
+
+
+def test_a_step_of_micro_batches_is_dealt_round_robin() -> None:
+    # 12 samples in micro batches of 2 over 5 ranks: micro batch j goes to rank j % 5.
+    got = []
+    for rank in range(5):
+        s = ElasticSampler(
+            range(12),
+            rank=rank,
+            world_size=5,
+            shuffle=False,
+            global_batch_size=12,
+            micro_batch_size=2,
+            drop_last=True,
+        )
+        got.append(list(s))
+    assert got == [[0, 1, 10, 11], [2, 3], [4, 5], [6, 7], [8, 9]]
+
+
 @settings(max_examples=100, deadline=None)
-@given(size=st.integers(0, 100), world=st.integers(1, 5), consumed=st.integers(0, 100))
-def test_ranks_partition_the_rest_without_drop_last(size: int, world: int, consumed: int) -> None:
+@given(
+    size=st.integers(0, 100),
+    world=st.integers(1, 5),
+    consumed=st.integers(0, 100),
+    micro=st.sampled_from([None, 1, 3]),
+)
+def test_ranks_partition_the_rest_without_drop_last(
+    size: int, world: int, consumed: int, micro: int | None
+) -> None:
     consumed = min(consumed, size)
-    samplers = [ElasticSampler(range(size), rank=r, world_size=world) for r in range(world)]
+    batch = None if micro is None else micro * 6  # 6 micro batches: at least one per rank
+    samplers = [
+        ElasticSampler(
+            range(size), rank=r, world_size=world, global_batch_size=batch, micro_batch_size=micro
+        )
+        for r in range(world)
+    ]
     for s in samplers:
         s.set_position(epoch=0, consumed_samples=consumed)
     got = [i for s in samplers for i in s]
@@ -89,8 +176,25 @@ def test_epoch_selects_the_permutation(shuffle: bool, epochs_differ: bool) -> No
         ({"rank": 0, "world_size": 0}, "world_size: must be >= 1, got 0"),
         ({"rank": 0, "world_size": 1, "drop_last": True}, "global_batch_size: required"),
         ({"rank": 0, "world_size": 3, "global_batch_size": 8}, "global_batch_size=8"),
+        ({"rank": 0, "world_size": 1, "micro_batch_size": 2}, "global_batch_size: required"),
+        (
+            {"rank": 0, "world_size": 4, "global_batch_size": 6, "micro_batch_size": 2},
+            "world_size=4 exceeds the 3 micro batches of a step",
+        ),
+        (
+            {"rank": 0, "world_size": 2, "global_batch_size": 6, "micro_batch_size": 4},
+            "global_batch_size=6 is not a multiple of micro_batch_size=4",
+        ),
     ],
-    ids=["rank-out-of-range", "zero-world", "drop-last-without-batch", "batch-not-divisible"],
+    ids=[
+        "rank-out-of-range",
+        "zero-world",
+        "drop-last-without-batch",
+        "batch-not-divisible",
+        "micro-without-global",
+        "more-ranks-than-micro-batches",
+        "not-whole-micro-batches",
+    ],
 )
 def test_invalid_arguments_are_named(kwargs: dict[str, int], message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -34,11 +34,22 @@ def steps_at_world(events: list[dict[str, Any]], world: int) -> int:
     return sum(e["event"] == "step" and e["rank"] == 0 and e["world"] == world for e in events)
 
 
+def starts_at_world(events: list[dict[str, Any]], world: int) -> int:
+    return sum(e["event"] == "start" and e["world"] == world for e in events)
+
+
 def test_scale_2_to_3_to_1_sees_every_sample_once_and_loses_no_step(cluster: Cluster) -> None:
-    first = cluster.start_agent(*ARGS, max_restarts=3)  # hosts the rendezvous store
-    second = cluster.start_agent(*ARGS, max_restarts=3)
+    pause = cluster.tmp / "pause"
+    args = (*ARGS, "--pause-file", str(pause))
+    first = cluster.start_agent(*args, max_restarts=3)  # hosts the rendezvous store
+    second = cluster.start_agent(*args, max_restarts=3)
     wait_for(lambda: steps_at_world(cluster.events(), 2) >= 4, timeout_s=60, what="4 steps at 2")
-    third = cluster.start_agent(*ARGS, max_restarts=3)
+    # Hold the job at a step boundary until the third agent has joined: on a loaded machine
+    # its start-up can take longer than the rest of the job.
+    pause.touch()
+    third = cluster.start_agent(*args, max_restarts=3)
+    wait_for(lambda: starts_at_world(cluster.events(), 3) == 3, timeout_s=120, what="3 starts at 3")
+    pause.unlink()
     wait_for(lambda: steps_at_world(cluster.events(), 3) >= 4, timeout_s=60, what="4 steps at 3")
     second.send_signal(signal.SIGTERM)
     third.send_signal(signal.SIGTERM)
