@@ -45,7 +45,8 @@ def plan_observation(*, observation: Observation, policy: ElasticPolicy) -> Plan
     Returns:
         The plan: decisions and the writes they imply.
     """
-    return decide(observation, policy, models=ModelCache(refit_s=policy.model_refit_s))
+    models = ModelCache(refit_s=policy.model_refit_s)
+    return decide(observation, policy, fits=models.fit(observation, policy))
 
 
 def _plan_table(plan: Plan) -> Table:

@@ -86,6 +86,7 @@ def allocate(
     objective: Objective = Objective.COMPLETION_TIME,
     trade_queues: Collection[QueueName] | None = None,
     floor: IntArray | None = None,
+    cooling: BoolArray | None = None,
 ) -> Allocation:
     """Decide a target for every running elastic job.
 
@@ -104,6 +105,9 @@ def allocate(
             job whose curve is still the prior's); the running replicas up to it are kept
             whatever the budgets, and the budgets take from the other replicas instead. None
             for each job's minimum.
+        cooling: the jobs the damping holds in place this round unless a budget forces them
+            (rescaled within the cooldown or the decision interval): they give no replica to
+            another job's growth, since the trade's shrink would not happen. None for none.
 
     Returns:
         Targets within [min, max] that fit every budget, with reasons.
@@ -167,16 +171,10 @@ def allocate(
     asked = k[rows, cols] <= table.current[rows]  # the job's spec already asks for it
     item_must = must[rows, cols] if must is not None else np.zeros(len(rows), dtype=bool)
     item_queue = qidx[rows]
-    # Sort by (queue, growth, -value): a stable sort on the value (``best_first``), then a
-    # stable one on the small-integer major key (numpy radix-sorts 16-bit keys), faster than
-    # lexsort here. Replicas a job must keep come first among the running ones.
-    by_value = best_first(
-        np.where(item_must, np.inf, item_value) if must is not None else item_value
-    )
-    major = (item_queue * 2 + growth)[by_value]
-    if len(table.queue_names) < 2**14:
-        major = major.astype(np.int16)
-    order = by_value[np.argsort(major, kind="stable")]
+    # Sort by (queue, growth, -value), ties in (job, k) order. Replicas a job must keep come
+    # first among the running ones.
+    rank_value = np.where(item_must, np.inf, item_value)
+    order = np.lexsort((-rank_value, growth, item_queue))
     rows, item_gpus, item_value = rows[order], item_gpus[order], item_value[order]
     growth, item_queue, asked = growth[order], item_queue[order], asked[order]
     item_must = item_must[order]
@@ -224,30 +222,49 @@ def allocate(
     for tier in (asked, ~asked):
         grow = np.flatnonzero(accepted & growth & tier)
         if len(grow):
-            g_order = grow[best_first(item_value[grow])]
+            g_order = grow[np.argsort(-item_value[grow], kind="stable")]
             spent = np.cumsum(item_gpus[g_order])
             fits = spent <= pool + GPU_EPSILON
             accepted[g_order[~fits]] = False
             growth_pool_gpus -= float(spent[fits][-1]) if fits.any() else 0.0
         pool = max(0.0, growth_pool_gpus)
 
+    # Givers move in one step only once measured at two sizes (before, the rate limit holds
+    # them back, and the replica they owe would be owed again next round), and only when the
+    # damping lets them move at all (a job in its cooldown would keep the replica it gave).
+    givers = accepted & ~growth & table.shaped[rows]
+    if cooling is not None:
+        givers &= ~cooling[rows]
+    allowed = None
+    if trade_queues is not None:
+        allowed = np.asarray([q in trade_queues for q in table.queue_names], dtype=bool)
+    before_trade = accepted.copy()
     traded = _trade(
-        # Givers move in one step only once measured at two sizes (before, the rate limit
-        # holds them back, and the replica they owe would be owed again next round).
-        accepted=accepted, givers=accepted & ~growth & table.shaped[rows],
+        accepted=accepted,
+        givers=givers,
         takers=~accepted & growth & asked,
-        item_queue=item_queue, item_gpus=item_gpus,
-        item_value=item_value, queues=len(first), factor=_TRADE_FACTOR,
-        allowed=None if trade_queues is None else np.asarray(
-            [q in trade_queues for q in table.queue_names], dtype=bool
-        ),
-    )  # fmt: skip
+        item_queue=item_queue,
+        item_gpus=item_gpus,
+        item_value=item_value,
+        queues=len(first),
+        factor=_TRADE_FACTOR,
+        allowed=allowed,
+    )
     if traded:
-        _grow_after_trade(
-            accepted, growth=growth, item_queue=item_queue, item_gpus=item_gpus,
-            item_value=item_value, increment_budget=increment_budget,
+        crowded = _grow_after_trade(
+            accepted,
+            growth=growth,
+            item_queue=item_queue,
+            item_gpus=item_gpus,
+            item_value=item_value,
+            increment_budget=increment_budget,
             pool=max(0.0, growth_pool_gpus),
-        )  # fmt: skip
+        )
+        # A trade whose taker the next round would rank out of its queue's budget is undone:
+        # its giver cannot give again then (it is in its cooldown), so the taker would lose the
+        # place and another job take it, a second write on the same cluster.
+        undone = np.isin(item_queue, crowded)
+        accepted[undone] = before_trade[undone]
     given = kept & ~accepted
     targets = lo + np.bincount(rows[accepted], minlength=count)
     t_int = targets.astype(np.int64)
@@ -272,28 +289,6 @@ def allocate(
         next_gains = np.where(x_target > 0, x_next / x_target - 1.0, 0.0)
     next_gains = np.where(targets < hi, next_gains, 0.0)
     return Allocation(t_int, reasons, forced, gains, next_gains)
-
-
-def best_first(values: FloatArray) -> IntArray:
-    """Indices that order ``values`` from the largest, equal ones (NaN last) in index order:
-    ``np.argsort(-values, kind="stable")``, in a quarter of its time at tens of thousands of
-    items (the 63,483 increments of ``engine_latency.py``'s 10,000 jobs: 1.0 ms, not 4.0).
-
-    numpy's default sort of floats is a vectorised quicksort, several times faster than its
-    stable sort; its order among equal values is then restored by one sort of unique integers
-    (the run of equal values times the count, plus the index), which needs no stability.
-    """
-    count = len(values)
-    if count < 2:
-        return np.arange(count, dtype=np.int64)
-    keys = -values
-    order = np.argsort(keys)
-    ranked = keys[order]
-    same = ranked[1:] == ranked[:-1]
-    same |= np.isnan(ranked[1:]) & np.isnan(ranked[:-1])
-    run = np.zeros(count, dtype=np.int64)
-    np.cumsum(~same, out=run[1:])
-    return np.sort(run * count + order) % count
 
 
 def _trade(
@@ -397,7 +392,7 @@ def _grow_after_trade(
     item_value: FloatArray,
     increment_budget: FloatArray,
     pool: float,
-) -> None:
+) -> IntArray:
     """New growth in the budget room a trade leaves, as the next round would take it.
 
     ``accepted`` is updated in place. In each queue that gave up running replicas, the growth
@@ -405,12 +400,15 @@ def _grow_after_trade(
     gone, and growth like any other); growth in the prefix that fits the room the kept replicas
     leave is taken, best value first, from the idle GPUs still free (``pool``). A queue whose
     growth already taken would not fit that prefix takes nothing more.
+
+    Returns:
+        Those queues ("crowded"): the next round would not keep what this one took there.
     """
     let_go = ~growth & ~accepted
     queues = np.unique(item_queue[let_go])
     idx = np.flatnonzero(np.isin(item_queue, queues) & (growth | let_go))
     if not len(idx):
-        return
+        return np.zeros(0, dtype=np.int64)
     kept = accepted & ~growth
     held = np.bincount(item_queue[kept], weights=item_gpus[kept], minlength=len(increment_budget))
     room = (increment_budget - held)[item_queue] + GPU_EPSILON
@@ -420,6 +418,7 @@ def _grow_after_trade(
     new = idx[fits & growth[idx] & ~accepted[idx] & ~np.isin(item_queue[idx], crowded)]
     new = new[np.argsort(-item_value[new], kind="stable")]
     accepted[new[np.cumsum(item_gpus[new]) <= pool + GPU_EPSILON]] = True
+    return crowded
 
 
 # Reason codes of the vectorised classification below, in the order ``_REASONS`` lists them.

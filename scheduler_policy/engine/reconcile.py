@@ -1,8 +1,9 @@
-"""The reconcile loop in named phases: observe → decide → apply.
+"""The reconcile loop in named phases: observe → fit → decide → apply.
 
-``decide`` (``scheduler_policy.decision.pipeline``) is pure but for the model cache; only
-``apply_changes`` writes, and it writes only what differs from what it observed, so reconciling
-twice on the same cluster writes nothing the second time.
+Fitting (``ModelCache.fit``) is the one stateful step; ``decide``
+(``scheduler_policy.decision.pipeline``) is pure; only ``apply_changes`` writes, and it writes
+only what differs from what it observed, so reconciling twice on the same cluster writes nothing
+the second time.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def reconcile(
     now_s: float,
     models: ModelCache,
 ) -> ReconcileResult:
-    """Observe, decide, stabilize and apply once.
+    """Observe, fit, decide and apply once.
 
     Args:
         metrics: where throughput and queue use come from.
@@ -132,7 +133,7 @@ def reconcile(
         What was observed, decided, written and refused.
     """
     observation = observe(metrics=metrics, cluster=cluster, now_s=now_s)
-    plan = decide(observation, policy, models=models)
+    plan = decide(observation, policy, fits=models.fit(observation, policy))
     models.forget({job.key for job in observation.jobs})
     applied, failed = apply_changes(cluster, plan.changes)
     return ReconcileResult(observation, plan.decisions, applied, failed)

@@ -21,8 +21,12 @@ from tests.scheduler_policy.builders import (
 )
 
 
+def fit_and_decide(observation, policy):
+    return decide(observation, policy, fits=ModelCache().fit(observation, policy))
+
+
 def targets(observation, policy):
-    plan = decide(observation, policy, models=ModelCache())
+    plan = fit_and_decide(observation, policy)
     return {d.job.removeprefix("ns/"): (d.target_replicas, d.reason) for d in plan.decisions}
 
 
@@ -326,7 +330,7 @@ def test_forecast_demand_is_kept_free_as_headroom():
 
 def test_decisions_carry_a_message_naming_the_cause():
     observation, policy, _ = SCENARIOS["shrink-for-pending-work-in-own-queue"]
-    (decision,) = decide(observation, policy, models=ModelCache()).decisions
+    (decision,) = fit_and_decide(observation, policy).decisions
     assert decision.job == JobKey("ns/a")
     assert "pending work needs 4 GPU(s) of queue q" in decision.message
 
@@ -341,7 +345,7 @@ def test_replicas_waiting_for_gpus_are_withdrawn_not_made_room_for():
         queues=(make_queue(capability=8),),
         free=0,
     )
-    plan = decide(observation, make_policy(), models=ModelCache())
+    plan = fit_and_decide(observation, make_policy())
     decisions = {d.job.removeprefix("ns/"): d for d in plan.decisions}
     assert (decisions["new"].target_replicas, decisions["new"].reason) == (
         2, Reason.WITHDRAW_UNPLACED,
@@ -357,7 +361,7 @@ def test_withdrawal_skips_damping_but_waits_one_interval_after_a_rescale():
     job = make_job("a", current=6, scheduled=2, last_rescale_s=NOW_S - 120)
     observation = make_observation(job, queues=(make_queue(capability=2),), free=0)
     damped = make_policy(cooldown_s=3600.0, window_down_s=3600.0, max_step_down=1)
-    (decision,) = decide(observation, damped, models=ModelCache()).decisions
+    (decision,) = fit_and_decide(observation, damped).decisions
     assert (decision.target_replicas, decision.reason) == (2, Reason.WITHDRAW_UNPLACED)
     # Rescaled 30 s ago (tide's own growth may not be scheduled yet): no withdrawal.
     just_grown = make_observation(
@@ -365,7 +369,7 @@ def test_withdrawal_skips_damping_but_waits_one_interval_after_a_rescale():
         queues=(make_queue(capability=2),),
         free=0,
     )
-    (decision,) = decide(just_grown, damped, models=ModelCache()).decisions
+    (decision,) = fit_and_decide(just_grown, damped).decisions
     assert decision.target_replicas == 6
 
 
@@ -378,8 +382,8 @@ def test_waiting_replicas_stay_while_pending_work_claims_the_idle_gpus():
         queues=(make_queue(capability=8, pending=2),),
         free=1,
     )
-    decisions = {d.job.removeprefix("ns/"): d for d in decide(
-        observation, make_policy(), models=ModelCache()).decisions}  # fmt: skip
+    plan = fit_and_decide(observation, make_policy())
+    decisions = {d.job.removeprefix("ns/"): d for d in plan.decisions}
     assert decisions["new"].target_replicas == 6
 
 
@@ -407,17 +411,3 @@ def test_observation_file_refuses_a_queue_or_a_job_given_twice(tmp_path):
         "  - queues[2].name: duplicate queue 'q', first defined at queues[0]",
         "  - jobs[2].key: duplicate job 'ns/a', first defined at jobs[0]",
     ]
-
-
-def test_the_decision_tuples_have_no_defaulted_fields() -> None:
-    # decide builds them with tuple.__new__ from full rows, which skips the constructor: a field
-    # added with a default would be missing from every decision, not filled in.
-    from scheduler_policy.decision.messages import DecisionContext
-    from scheduler_policy.vocabulary.state import ScalingDecision
-
-    assert ScalingDecision._field_defaults == {}
-    assert DecisionContext._field_defaults == {}
-    plan = decide(make_observation(make_job("a", current=2)), make_policy(), models=ModelCache())
-    (decision,) = plan.decisions
-    assert len(decision) == len(ScalingDecision._fields)
-    assert len(decision.why) == len(DecisionContext._fields)
