@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_policy.decision.job_table import BoolArray, IntArray, JobTable
+from scheduler_policy.decision.job_table import BoolArray, FloatArray, IntArray, JobTable
 from scheduler_policy.policy.spec import ElasticPolicy, QueuePolicy
 from scheduler_policy.vocabulary.state import (
     GPU_EPSILON,
@@ -238,23 +238,29 @@ def _tally(
 ) -> _Tally:
     """Sum the observation's jobs per queue, once per decision (see ``_Tally``)."""
     pending = pending_gpus(observation)
+    # The planned elastic jobs, from the table's columns (a job with no replicas and no other
+    # GPUs holds nothing): their non-elastic pods, the GPUs their replicas hold (replicas still
+    # waiting for GPUs hold none: counting them would shrink a running job to make room that is
+    # not needed; the allocator withdraws them instead), and their minimums.
+    holds = (table.current > 0) | (table.nonelastic_gpus > 0)
+
+    def per_queue(gpus: FloatArray) -> dict[QueueName, float]:
+        sums = np.bincount(
+            table.queue_index, weights=np.where(holds, gpus, 0.0), minlength=len(table.queue_names)
+        )
+        return dict(zip(table.queue_names, sums.tolist(), strict=True))
+
+    held = defaultdict(float, per_queue(table.nonelastic_gpus))
+    elastic_used = per_queue(table.held * table.gpus_per_replica)
+    elastic_min = per_queue(table.min_replicas * table.gpus_per_replica)
+    # Everything else that runs is non-elastic work (held elastic jobs included).
     planned = {job.key for job in table.jobs}
-    held: dict[QueueName, float] = defaultdict(float)
-    elastic_used: dict[QueueName, float] = defaultdict(float)
-    elastic_min: dict[QueueName, float] = defaultdict(float)
     for job in observation.jobs:
-        phase = job.phase
-        if phase in _GONE or (job.current_replicas <= 0 and job.nonelastic_gpus <= 0):
+        if job.phase in _GONE or job.phase is JobPhase.PENDING or job.key in planned:
             continue
-        name, gpr = job.queue, job.gpus_per_replica
-        if job.key in planned:
-            held[name] += job.nonelastic_gpus
-            # Replicas still waiting for GPUs hold none: counting them would shrink a running
-            # job to make room that is not needed (the allocator withdraws them instead).
-            elastic_used[name] += job.held_replicas * gpr
-            elastic_min[name] += job.min_replicas * gpr
-        elif phase is not JobPhase.PENDING:
-            held[name] += job.current_replicas * gpr + job.nonelastic_gpus
+        if job.current_replicas <= 0 and job.nonelastic_gpus <= 0:
+            continue
+        held[job.queue] += job.current_replicas * job.gpus_per_replica + job.nonelastic_gpus
     policies: dict[QueueName, QueuePolicy] = {}
     for queue_policy in policy.queues:
         policies.setdefault(queue_policy.name, queue_policy)  # the first of a name wins

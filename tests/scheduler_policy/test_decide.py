@@ -7,11 +7,18 @@ import dataclasses
 import pytest
 
 from scheduler_policy.adapters.observation_file import load_observation
-from scheduler_policy.decision.pipeline import decide
-from scheduler_policy.models.cache import ModelCache
+from scheduler_policy.decision.pipeline import MAX_PASSES, decide
+from scheduler_policy.models.cache import Fits, ModelCache
 from scheduler_policy.policy.spec import Headroom, Objective, QueuePolicy
 from scheduler_policy.vocabulary.errors import ObservationError
-from scheduler_policy.vocabulary.state import DemandPoint, JobKey, JobPhase, QueueName, Reason
+from scheduler_policy.vocabulary.state import (
+    DemandPoint,
+    JobKey,
+    JobPhase,
+    QueueName,
+    Reason,
+    ThroughputPoint,
+)
 from tests.scheduler_policy.builders import (
     NOW_S,
     make_job,
@@ -411,3 +418,120 @@ def test_observation_file_refuses_a_queue_or_a_job_given_twice(tmp_path):
         "  - queues[2].name: duplicate queue 'q', first defined at queues[0]",
         "  - jobs[2].key: duplicate job 'ns/a', first defined at jobs[0]",
     ]
+
+
+FIXED_POINT_CASES = {
+    # Nothing pending: no queue gives anything back, so what is released changes no budget.
+    "nothing-short-one-pass": (
+        make_observation(make_job("a", current=2), free=3),
+        make_policy(),
+        1,
+        {"a": (5, Reason.SCALE_UP_FOR_IDLE_GPUS)},
+    ),
+    # "research" gives back what "prod" needs; the budgets with that release are the same.
+    "yield-settles-in-one-pass": (
+        *SCENARIOS["shrink-borrowed-gpus-for-another-queues-pending-work"][:2],
+        1,
+        {"a": (6, Reason.SHRINK_FOR_PENDING_WORK)},
+    ),
+    # "c" needs 1 GPU and "a" 4; 3 are idle. The first pass sees no yield from "b" that would
+    # start them; "y" (above its maximum) gives back 0.5 GPU in it, which the second pass counts
+    # as idle: with it, all of "x" starts both, and the budgets then stay the same.
+    "release-counted-on-the-second-pass": (
+        make_observation(
+            make_job(
+                "x", queue="b", gpus_per_replica=0.5, min_replicas=0, max_replicas=3, current=3
+            ),
+            make_job(
+                "y", queue="a", gpus_per_replica=0.5, min_replicas=0, max_replicas=0, current=1
+            ),
+            queues=(make_queue("a", pending=4), make_queue("b"), make_queue("c", pending=1)),
+            free=3,
+        ),
+        make_policy("a", "b", "c", borrow=True),
+        2,
+        {"x": (0, Reason.SHRINK_FOR_PENDING_WORK), "y": (0, Reason.LIMITED_BY_BOUNDS)},
+    ),
+    # Two borrowing queues give back whole 2-GPU replicas for "a" and "c": what one gives counts
+    # as idle for the other, which then gives less, which the first then counts... The budgets
+    # need not settle in whole replicas; the bound stops the passes (a second reconcile on the
+    # cluster this leaves writes nothing: test_reconcile).
+    "whole-replicas-stop-at-the-bound": (
+        make_observation(
+            make_job(
+                "x",
+                queue="b",
+                gpus_per_replica=2,
+                max_replicas=1,
+                current=1,
+                min_replicas=0,
+                sizes=(),
+            ),
+            make_job(
+                "y",
+                queue="c",
+                gpus_per_replica=2,
+                max_replicas=1,
+                current=1,
+                min_replicas=0,
+                sizes=(),
+            ),
+            queues=(
+                make_queue("a", capability=None, pending=6),
+                make_queue("b", capability=None),
+                make_queue("c", capability=None, pending=1),
+            ),
+            free=4,
+        ),
+        make_policy("a", "b", "c", borrow=True, max_step_down=1),
+        MAX_PASSES,
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("observation", "policy", "passes", "expected"),
+    FIXED_POINT_CASES.values(),
+    ids=FIXED_POINT_CASES.keys(),
+)
+def test_allocate_and_stabilize_repeat_until_the_budgets_settle(
+    observation, policy, passes, expected
+):
+    plan = fit_and_decide(observation, policy)
+    assert plan.passes == passes
+    if expected is not None:
+        found = {d.job.removeprefix("ns/"): (d.target_replicas, d.reason) for d in plan.decisions}
+        assert found == expected
+
+
+def test_a_failed_fit_holds_the_job_and_names_the_error():
+    broken = dataclasses.replace(
+        make_job("broken", current=2),
+        throughput_history=(
+            ThroughputPoint(NOW_S - 10, 2, float("inf")),
+            ThroughputPoint(NOW_S - 5, 1, 50.0),
+        ),
+    )
+    observation = make_observation(broken, make_job("fine", current=2), free=2)
+    fits = ModelCache().fit(observation, make_policy())
+    assert list(fits.curves) == [JobKey("ns/fine")]
+    plan = decide(observation, make_policy(), fits=fits)
+    decisions = {d.job.removeprefix("ns/"): d for d in plan.decisions}
+    assert (decisions["broken"].target_replicas, decisions["broken"].reason) == (
+        2,
+        Reason.MODEL_FIT_FAILED,
+    )
+    assert decisions["broken"].message.startswith("job ns/broken: scaling model fit failed: ")
+    assert "samples_per_s must be finite" in decisions["broken"].message
+    assert decisions["fine"].target_replicas == 4  # the other job proceeds, into both idle GPUs
+    assert [c.job for c in plan.changes] == [JobKey("ns/fine")]
+
+
+def test_a_job_the_fits_do_not_cover_is_held():
+    observation = make_observation(make_job("a", current=2), free=2)
+    plan = decide(observation, make_policy(), fits=Fits(curves={}))
+    (decision,) = plan.decisions
+    assert (decision.target_replicas, decision.reason) == (2, Reason.MODEL_FIT_FAILED)
+    assert "no scaling curve was fitted" in decision.message
+    assert plan.changes == ()
