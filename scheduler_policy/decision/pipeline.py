@@ -234,7 +234,6 @@ def _decisions_and_changes(
     reasons = [by or own for by, own in zip(result.held_by, allocation.reasons, strict=True)]
     for i in np.flatnonzero((result.targets < spec) & (result.targets >= held)).tolist():
         reasons[i] = Reason.WITHDRAW_UNPLACED
-    queue_budget = [settled.budgets.queues[q] for q in table.queue_names]
     batch = DecisionBatch(
         reasons=reasons,
         jobs=table.jobs,
@@ -242,7 +241,7 @@ def _decisions_and_changes(
         recommended=allocation.targets.tolist(),
         gains=allocation.gains.tolist(),
         next_gains=allocation.next_gains.tolist(),
-        budgets=[queue_budget[q] for q in table.queue_index.tolist()],
+        budgets=settled.budgets.queues,
         measured=table.measured.tolist(),
         defaults=policy.defaults,
     )
