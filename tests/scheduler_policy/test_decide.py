@@ -187,6 +187,18 @@ SCENARIOS = {
         make_policy(),
         {"linear": (2, Reason.SCALE_UP_FOR_IDLE_GPUS), "poor": (2, Reason.SHRINK_FOR_BETTER_USE)},
     ),
+    "no-trade-from-a-job-in-its-cooldown": (
+        # The same, but "poor" was rescaled 100 s ago, in its 300 s cooldown: it would not give
+        # its replica up this round, so "linear"'s waiting one gets none, and is withdrawn.
+        make_observation(
+            make_job("linear", current=2, scheduled=1, sigma=0.0),
+            make_job("poor", current=3, sigma=0.4, last_rescale_s=NOW_S - 100),
+            queues=(make_queue(capability=4),),
+            free=4,
+        ),
+        make_policy(cooldown_s=300.0),
+        {"linear": (1, Reason.WITHDRAW_UNPLACED), "poor": (3, Reason.AT_TARGET)},
+    ),
     "hold-under-tolerance": (
         make_observation(make_job("a", current=4, max_replicas=5, sigma=0.2), free=8),
         make_policy(tolerance=0.1),
