@@ -1,14 +1,16 @@
-"""Latency of the engine's decide + stabilize phase on synthetic clusters of 100 to 10,000 jobs.
+"""Latency of the engine's phases on synthetic clusters of 100 to 10,000 jobs.
 
 Each case builds one observation (100 queues, elastic jobs of about 2 GPUs each, measured at a few
 sizes, with a steady-state memory of recent recommendations), warms the model cache (a steady
 state refits nothing), then times ``decide`` — triage, budgets, allocation, stabilization and the
-decisions' messages — over many runs. Prints a table; ``--json PATH`` writes the records.
+changes, with their explanations (rendered only when read) — over many runs. Prints a table;
+``--json PATH`` writes the records.
 
-It also times ``observe``, the step before: joining the jobs as the cluster lists them (no
-throughput) with the metrics source's throughput histories and remaining samples; and one
-scaling-model refit (``ScalingModel.from_points`` on a 24-point history at three sizes), what a
-reconcile pays per job with new measurements.
+It also times the phases around it: ``observe``, joining the jobs as the cluster lists them (no
+throughput) with the metrics source's throughput histories and remaining samples; the fit phase
+(``ModelCache.fit``) in the steady state, where the cache refits nothing; and one scaling-model
+refit (``ScalingModel.from_points`` on a 24-point history at three sizes), what a reconcile pays
+per job with new measurements.
 
     python benchmarks/engine_latency.py --json benchmarks/out/engine_latency.json
 """
@@ -159,11 +161,25 @@ def measure_refit(runs: int) -> float:
     return statistics.median(samples_us)
 
 
-def measure(jobs: int, queues: int, runs: int, *, gc_freeze: bool) -> dict[str, float]:
+def measure_fit(jobs: int, queues: int, runs: int) -> float:
+    """Median ms of the fit phase in the steady state (every curve cached, no refit)."""
     observation, policy = synthetic(jobs, queues, seed=jobs)
     models = ModelCache(refit_s=3600.0)
-    decide(observation, policy, models=models)  # warm: fit every job once
-    fits = models.curve_fits
+    models.fit(observation, policy)  # warm: fit every job once
+    fitted = models.curve_fits
+    samples_ms = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        models.fit(observation, policy)
+        samples_ms.append((time.perf_counter() - start) * 1000.0)
+    assert models.curve_fits == fitted, "a steady-state fit refitted a model"
+    return statistics.median(samples_ms)
+
+
+def measure(jobs: int, queues: int, runs: int, *, gc_freeze: bool) -> dict[str, float]:
+    """Median and p99 ms of ``decide`` on the synthetic cluster of ``jobs`` jobs."""
+    observation, policy = synthetic(jobs, queues, seed=jobs)
+    fits = ModelCache(refit_s=3600.0).fit(observation, policy)
     if gc_freeze:
         # What a long-running engine can do once it has built an observation: move the
         # observation's objects out of the cyclic collector's reach, so a full collection
@@ -173,9 +189,8 @@ def measure(jobs: int, queues: int, runs: int, *, gc_freeze: bool) -> dict[str, 
     samples_ms = []
     for _ in range(runs):
         start = time.perf_counter()
-        decide(observation, policy, models=models)
+        decide(observation, policy, fits=fits)
         samples_ms.append((time.perf_counter() - start) * 1000.0)
-    assert models.curve_fits == fits, "a steady-state decide refitted a model"
     if gc_freeze:
         gc.unfreeze()
     samples_ms.sort()
@@ -195,10 +210,14 @@ def main() -> None:
     args = parser.parse_args()
     records: list[dict[str, object]] = []
     results = {}
-    print(f"decide + stabilize, {args.queues} queues, {args.runs} runs per size, "
-          f"{os.cpu_count()} cores, Python {platform.python_version()}")  # fmt: skip
+    print(
+        f"decide, {args.queues} queues, {args.runs} runs per size, "
+        f"{os.cpu_count()} cores, Python {platform.python_version()}"
+    )
     print(f"{'jobs':>8} {'gc':>8} {'median ms':>10} {'p99 ms':>10}")
-    for size in (int(s) for s in args.sizes.split(",")):
+    sizes = [int(s) for s in args.sizes.split(",")]
+    common = {"queues": args.queues, "runs": args.runs}
+    for size in sizes:
         for frozen in (False, True):
             result = measure(size, args.queues, args.runs, gc_freeze=frozen)
             gc_mode = "frozen" if frozen else "default"
@@ -206,26 +225,54 @@ def main() -> None:
                 results[size] = result
             print(f"{size:>8} {gc_mode:>8} {result['median']:>10.2f} {result['p99']:>10.2f}")
             for stat in ("median", "p99"):
-                records.append({"metric": f"decide_latency_{stat}", "value": round(result[stat], 3),
-                                "unit": "ms", "jobs": size, "queues": args.queues,
-                                "runs": args.runs, "gc": gc_mode})  # fmt: skip
-    print(f"observe, {args.runs} runs per size")
-    print(f"{'jobs':>8} {'median ms':>10}")
-    for size in (int(s) for s in args.sizes.split(",")):
-        median = measure_observe(size, args.queues, args.runs)
-        print(f"{size:>8} {median:>10.2f}")
-        records.append({"metric": "observe_latency_median", "value": round(median, 3),
-                        "unit": "ms", "jobs": size, "queues": args.queues,
-                        "runs": args.runs})  # fmt: skip
+                records.append(
+                    {
+                        "metric": f"decide_latency_{stat}",
+                        "value": round(result[stat], 3),
+                        "unit": "ms",
+                        "jobs": size,
+                        **common,
+                        "gc": gc_mode,
+                    }
+                )
+    for name, phase in (("observe", measure_observe), ("fit", measure_fit)):
+        print(f"{name}, {args.runs} runs per size")
+        print(f"{'jobs':>8} {'median ms':>10}")
+        for size in sizes:
+            median = phase(size, args.queues, args.runs)
+            print(f"{size:>8} {median:>10.2f}")
+            records.append(
+                {
+                    "metric": f"{name}_latency_median",
+                    "value": round(median, 3),
+                    "unit": "ms",
+                    "jobs": size,
+                    **common,
+                }
+            )
     refit_us = measure_refit(args.runs)
     print(f"one scaling-model refit (24 points, 3 sizes): median {refit_us:.1f} µs")
-    records.append({"metric": "refit_latency_median", "value": round(refit_us, 2), "unit": "us",
-                    "points": 24, "sizes": 3, "runs": args.runs})  # fmt: skip
+    records.append(
+        {
+            "metric": "refit_latency_median",
+            "value": round(refit_us, 2),
+            "unit": "us",
+            "points": 24,
+            "sizes": 3,
+            "runs": args.runs,
+        }
+    )
     if 1000 in results and 10000 in results:
         ratio = results[10000]["median"] / results[1000]["median"]
         print(f"10k/1k median ratio (default gc): {ratio:.2f}")
-        records.append({"metric": "decide_latency_scaling_10k_over_1k", "value": round(ratio, 3),
-                        "unit": "ratio", "queues": args.queues})  # fmt: skip
+        records.append(
+            {
+                "metric": "decide_latency_scaling_10k_over_1k",
+                "value": round(ratio, 3),
+                "unit": "ratio",
+                "queues": args.queues,
+            }
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(records, indent=2) + "\n")

@@ -44,8 +44,6 @@ from prometheus_client.core import (
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
 from metrics_collector.sampling import SampleReport
-from scheduler_policy.decision.budget import pending_gpus, queue_budgets
-from scheduler_policy.decision.triage import triage
 from scheduler_policy.engine.reconcile import ReconcileResult
 from scheduler_policy.models.cache import ModelCache
 from scheduler_policy.policy.spec import ElasticPolicy
@@ -106,7 +104,7 @@ class EngineMetrics(Collector):
 
         Args:
             result: what ``reconcile`` returned.
-            policy: the policy it ran under (for the queues' budgets).
+            policy: the policy it ran under.
             models: the model cache it used (forecasts and the models' accuracy).
             duration_s: how long it took.
             finished_s: when it finished, seconds since the epoch.
@@ -118,17 +116,9 @@ class EngineMetrics(Collector):
         """
         observation = result.observation
         accuracy = models.accuracy()
-        # The budgets as decide's first pass computes them, from the forecasts it just made.
-        ready = triage(observation, policy).ready
-        forecasts = {q: accuracy.forecast_gpus.get(q, 0.0) for q in
-                     (queue.name for queue in observation.queues) if policy.queue(q)}  # fmt: skip
-        budgets = queue_budgets(
-            observation,
-            policy,
-            elastic_jobs=ready,
-            pending=pending_gpus(observation),
-            forecast_headroom_gpus=forecasts,
-        )
+        # The budgets and forecasts as the decisions used them.
+        budgets = result.plan.budgets if result.plan is not None else {}
+        forecasts = result.plan.forecast_gpus if result.plan is not None else {}
         fallback = 0 if observation.metrics_fresh else 1  # a source without a report
         stale = report.stale_series if report is not None else fallback
         with self._lock:
@@ -169,7 +159,7 @@ class EngineMetrics(Collector):
                 "Forecast peak GPU demand of each queue's non-elastic work over the horizon.",
                 labels=queue_labels,
             )
-            for name, gpus in sorted(accuracy.forecast_gpus.items()):
+            for name, gpus in sorted(forecasts.items()):
                 forecast.add_metric([name], gpus)
             families += [budget, headroom, forecast]
             error = GaugeMetricFamily(

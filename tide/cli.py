@@ -100,7 +100,8 @@ def plan_observation(*, observation: Observation, policy: ElasticPolicy) -> Plan
     Returns:
         The plan: decisions and the writes they imply.
     """
-    return decide(observation, policy, models=ModelCache(refit_s=policy.model_refit_s))
+    models = ModelCache(refit_s=policy.model_refit_s)
+    return decide(observation, policy, fits=models.fit(observation, policy))
 
 
 @app.command()
@@ -142,9 +143,7 @@ def plan(
             Console(stderr=True).print(line, highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1) from e
     if as_json:
-        queues = queue_views(
-            loaded, loaded_policy, models=ModelCache(refit_s=loaded_policy.model_refit_s)
-        )
+        queues = queue_views(loaded, loaded_policy, result)
         typer.echo(json.dumps(plan_document(result, queues), indent=2))
         return
     Console().print(plan_renderable(result))

@@ -10,22 +10,19 @@ from rich.console import Group
 from rich.padding import Padding
 from rich.text import Text
 
-from scheduler_policy.decision.budget import pending_gpus, queue_budgets
 from scheduler_policy.decision.pipeline import Plan
-from scheduler_policy.decision.triage import triage
-from scheduler_policy.models.cache import ModelCache
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.state import Observation, QueueName
 
 
 @dataclass(frozen=True, slots=True)
 class QueueView:
-    """What the engine saw of one managed queue as the round began.
+    """One managed queue as the engine planned for it this round.
 
     Attributes:
         queue: the queue.
-        elastic_budget_gpus: GPUs its elastic jobs may hold together (mins included), before
-            the round's give-backs to other queues.
+        elastic_budget_gpus: GPUs its elastic jobs may hold together (mins included), with
+            what the round gives back to other queues counted (the budgets decide settled on).
         limit_gpus: what Volcano would let it use (capability, or the deserved share when it
             may not borrow).
         held_nonelastic_gpus: GPUs its non-elastic work holds.
@@ -50,32 +47,19 @@ class QueueView:
     forecast_horizon_s: float
 
 
-def queue_views(
-    observation: Observation, policy: ElasticPolicy, *, models: ModelCache
-) -> list[QueueView]:
-    """Each managed queue's budget, headroom and forecast, as ``decide`` computes them first.
+def queue_views(observation: Observation, policy: ElasticPolicy, plan: Plan) -> list[QueueView]:
+    """Each managed queue's budget, headroom and forecast, as ``decide`` used them.
 
     Args:
         observation: the cluster as observed.
         policy: the policy in force.
-        models: the model cache ``decide`` used (its forecasts are reused, not refitted).
+        plan: what ``decide`` returned for them (its budgets and forecasts).
 
     Returns:
         One view per queue of the observation that the policy manages, in the observation's
         order.
     """
-    ready = triage(observation, policy).ready
-    forecasts: dict[QueueName, float] = {}
-    for queue in observation.queues:
-        queue_policy = policy.queue(queue.name)
-        if queue_policy is not None:
-            forecasts[queue.name] = models.forecast_gpus(
-                queue, queue_policy.headroom, now_s=observation.time_s
-            )
-    pending = pending_gpus(observation)
-    budgets = queue_budgets(
-        observation, policy, elastic_jobs=ready, pending=pending, forecast_headroom_gpus=forecasts
-    )
+    budgets, forecasts = plan.budgets, plan.forecast_gpus
     views = []
     for queue in observation.queues:
         budget, queue_policy = budgets.get(queue.name), policy.queue(queue.name)

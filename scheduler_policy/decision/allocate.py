@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 from scheduler_policy.decision.budget import QueueBudget
 from scheduler_policy.decision.job_table import JobTable
+from scheduler_policy.decision.trade import grow_after_trade, ranked_prefix, trade
 from scheduler_policy.models.scaling import usl_throughput
 from scheduler_policy.policy.spec import Defaults, Objective
 from scheduler_policy.vocabulary.state import GPU_EPSILON, QueueName, Reason
@@ -87,6 +88,7 @@ def allocate(
     trade_queues: Collection[QueueName] | None = None,
     floor: IntArray | None = None,
     stale: BoolArray | None = None,
+    cooling: BoolArray | None = None,
 ) -> Allocation:
     """Decide a target for every running elastic job.
 
@@ -110,6 +112,9 @@ def allocate(
             it grows to nothing its spec does not ask for, and it neither gives a replica to
             nor takes one from another job; only its queue's budget can shrink it. None for
             none.
+        cooling: the jobs the damping holds in place this round unless a budget forces them
+            (rescaled within the cooldown or the decision interval): they give no replica to
+            another job's growth, since the trade's shrink would not happen. None for none.
 
     Returns:
         Targets within [min, max] that fit every budget, with reasons.
@@ -178,16 +183,10 @@ def allocate(
     asked = k[rows, cols] <= table.current[rows]  # the job's spec already asks for it
     item_must = must[rows, cols] if must is not None else np.zeros(len(rows), dtype=bool)
     item_queue = qidx[rows]
-    # Sort by (queue, growth, -value): a stable sort on the value (``best_first``), then a
-    # stable one on the small-integer major key (numpy radix-sorts 16-bit keys), faster than
-    # lexsort here. Replicas a job must keep come first among the running ones.
-    by_value = best_first(
-        np.where(item_must, np.inf, item_value) if must is not None else item_value
-    )
-    major = (item_queue * 2 + growth)[by_value]
-    if len(table.queue_names) < 2**14:
-        major = major.astype(np.int16)
-    order = by_value[np.argsort(major, kind="stable")]
+    # Sort by (queue, growth, -value), ties in (job, k) order. Replicas a job must keep come
+    # first among the running ones.
+    rank_value = np.where(item_must, np.inf, item_value)
+    order = np.lexsort((-rank_value, growth, item_queue))
     rows, item_gpus, item_value = rows[order], item_gpus[order], item_value[order]
     growth, item_queue, asked = growth[order], item_queue[order], asked[order]
     item_must = item_must[order]
@@ -216,7 +215,7 @@ def allocate(
         # like any other, and this round must take no growth that it would then keep out.
         bound = np.isin(item_queue, np.unique(item_queue[dropped]))
         grown &= ~bound
-        idx, fits = _ranked_prefix(
+        idx, fits = ranked_prefix(
             np.flatnonzero(bound & (growth | dropped)),
             item_queue,
             item_value,
@@ -235,32 +234,54 @@ def allocate(
     for tier in (asked, ~asked):
         grow = np.flatnonzero(accepted & growth & tier)
         if len(grow):
-            g_order = grow[best_first(item_value[grow])]
+            g_order = grow[np.argsort(-item_value[grow], kind="stable")]
             spent = np.cumsum(item_gpus[g_order])
             fits = spent <= pool + GPU_EPSILON
             accepted[g_order[~fits]] = False
             growth_pool_gpus -= float(spent[fits][-1]) if fits.any() else 0.0
         pool = max(0.0, growth_pool_gpus)
 
+    # Givers move in one step only once measured at two sizes (before, the rate limit holds
+    # them back, and the replica they owe would be owed again next round), and only when the
+    # damping lets them move at all (a job in its cooldown would keep the replica it gave).
     # A job with stale metrics trades nothing: its curve cannot say what a replica is worth.
-    trading = table.shaped[rows] if stale is None else table.shaped[rows] & ~stale[rows]
-    traded = _trade(
-        # Givers move in one step only once measured at two sizes (before, the rate limit
-        # holds them back, and the replica they owe would be owed again next round).
-        accepted=accepted, givers=accepted & ~growth & trading,
-        takers=~accepted & growth & asked & (True if stale is None else ~stale[rows]),
-        item_queue=item_queue, item_gpus=item_gpus,
-        item_value=item_value, queues=len(first), factor=_TRADE_FACTOR,
-        allowed=None if trade_queues is None else np.asarray(
-            [q in trade_queues for q in table.queue_names], dtype=bool
-        ),
-    )  # fmt: skip
+    givers = accepted & ~growth & table.shaped[rows]
+    takers = ~accepted & growth & asked
+    if cooling is not None:
+        givers &= ~cooling[rows]
+    if stale is not None:
+        givers &= ~stale[rows]
+        takers &= ~stale[rows]
+    allowed = None
+    if trade_queues is not None:
+        allowed = np.asarray([q in trade_queues for q in table.queue_names], dtype=bool)
+    before_trade = accepted.copy()
+    traded = trade(
+        accepted=accepted,
+        givers=givers,
+        takers=takers,
+        item_queue=item_queue,
+        item_gpus=item_gpus,
+        item_value=item_value,
+        queues=len(first),
+        factor=_TRADE_FACTOR,
+        allowed=allowed,
+    )
     if traded:
-        _grow_after_trade(
-            accepted, growth=growth, item_queue=item_queue, item_gpus=item_gpus,
-            item_value=item_value, increment_budget=increment_budget,
+        crowded = grow_after_trade(
+            accepted,
+            growth=growth,
+            item_queue=item_queue,
+            item_gpus=item_gpus,
+            item_value=item_value,
+            increment_budget=increment_budget,
             pool=max(0.0, growth_pool_gpus),
-        )  # fmt: skip
+        )
+        # A trade whose taker the next round would rank out of its queue's budget is undone:
+        # its giver cannot give again then (it is in its cooldown), so the taker would lose the
+        # place and another job take it, a second write on the same cluster.
+        undone = np.isin(item_queue, crowded)
+        accepted[undone] = before_trade[undone]
     given = kept & ~accepted
     targets = lo + np.bincount(rows[accepted], minlength=count)
     t_int = targets.astype(np.int64)
@@ -285,154 +306,6 @@ def allocate(
         next_gains = np.where(x_target > 0, x_next / x_target - 1.0, 0.0)
     next_gains = np.where(targets < hi, next_gains, 0.0)
     return Allocation(t_int, reasons, forced, gains, next_gains)
-
-
-def best_first(values: FloatArray) -> IntArray:
-    """Indices that order ``values`` from the largest, equal ones (NaN last) in index order:
-    ``np.argsort(-values, kind="stable")``, in a quarter of its time at tens of thousands of
-    items (the 63,483 increments of ``engine_latency.py``'s 10,000 jobs: 1.0 ms, not 4.0).
-
-    numpy's default sort of floats is a vectorised quicksort, several times faster than its
-    stable sort; its order among equal values is then restored by one sort of unique integers
-    (the run of equal values times the count, plus the index), which needs no stability.
-    """
-    count = len(values)
-    if count < 2:
-        return np.arange(count, dtype=np.int64)
-    keys = -values
-    order = np.argsort(keys)
-    ranked = keys[order]
-    same = ranked[1:] == ranked[:-1]
-    same |= np.isnan(ranked[1:]) & np.isnan(ranked[:-1])
-    run = np.zeros(count, dtype=np.int64)
-    np.cumsum(~same, out=run[1:])
-    return np.sort(run * count + order) % count
-
-
-def _trade(
-    *,
-    accepted: BoolArray,
-    givers: BoolArray,
-    takers: BoolArray,
-    item_queue: IntArray,
-    item_gpus: FloatArray,
-    item_value: FloatArray,
-    queues: int,
-    factor: float,
-    allowed: BoolArray | None = None,
-) -> bool:
-    """Move running replicas to waiting ones worth ``factor`` times more, within each queue.
-
-    ``accepted`` is updated in place. Items come sorted by (queue, growth, −value); only those
-    of ``allowed`` queues (all when None) trade. ``takers`` (replicas a job's spec asks for that
-    wait for GPUs the idle pool could not give) are paired, best first, with ``givers`` (the
-    queue's running replicas), least valuable first, GPU for GPU; a taker is taken while its
-    value exceeds ``factor`` times the most valuable replica it displaces. Both sequences are
-    monotone, so what is taken is a prefix of each. Only waiting replicas take: growth beyond
-    the spec would move on before its giver's damped shrink does, and a second round on the
-    same cluster would then trade again.
-
-    Returns:
-        Whether any replica was given up.
-    """
-    if not np.isfinite(factor):
-        return False
-    candidates = np.ones(len(accepted), dtype=bool) if allowed is None else allowed[item_queue]
-    give = np.flatnonzero(givers & candidates)
-    take = np.flatnonzero(takers & candidates)
-    if not len(give) or not len(take):
-        return False
-    # Givers least valuable first within each queue: reversed, they are by queue descending and
-    # value ascending, and a stable sort on the queue (a radix sort) puts the queues back in
-    # order. Takers are already best first.
-    give = give[::-1]
-    give = give[np.argsort(item_queue[give], kind="stable")]
-    # Only takers worth more than the factor times their queue's least valuable giver can trade
-    # at all (a prefix of each queue's takers): most growth is ruled out here, cheaply.
-    give_queue = item_queue[give]
-    first_give = np.minimum(np.searchsorted(give_queue, np.arange(queues)), len(give) - 1)
-    least = np.where(
-        give_queue[first_give] == np.arange(queues), item_value[give[first_give]], np.inf
-    )
-    take = take[item_value[take] > factor * least[item_queue[take]]]
-    if not len(take):
-        return False
-    span = float(item_gpus.sum()) + 1.0  # separates the queues on one cumulative axis
-
-    def cumulative(idx: IntArray) -> FloatArray:
-        return _cumsum_within_queues(item_queue[idx], item_gpus[idx]) + item_queue[idx] * span
-
-    give_end = cumulative(give)
-    take_end = cumulative(take)
-    # The giver whose GPUs complete each taker's: the first with give_end >= take_end.
-    pos = np.searchsorted(give_end, take_end - GPU_EPSILON)
-    same_queue = pos < len(give)
-    pos = np.minimum(pos, len(give) - 1)
-    same_queue &= item_queue[give[pos]] == item_queue[take]
-    ok = same_queue & (item_value[take] > factor * item_value[give[pos]])
-    if not ok.any():
-        return False
-    accepted[take[ok]] = True
-    # Per queue, the GPUs the taken growth needs; givers up to them are given up.
-    needed = np.zeros(queues)
-    np.maximum.at(needed, item_queue[take[ok]], take_end[ok] - item_queue[take[ok]] * span)
-    give_start = give_end - item_gpus[give] - item_queue[give] * span
-    accepted[give[give_start < needed[item_queue[give]] - GPU_EPSILON]] = False
-    return True
-
-
-def _ranked_prefix(
-    idx: IntArray,
-    item_queue: IntArray,
-    item_value: FloatArray,
-    item_gpus: FloatArray,
-    room: FloatArray,
-) -> tuple[IntArray, BoolArray]:
-    """Items ``idx`` ranked by (queue, best value first), and which fit their queue's ``room``
-    (per item) taken in that order: a prefix of each queue, since the sums only grow."""
-    idx = idx[np.argsort(-item_value[idx], kind="stable")]
-    idx = idx[np.argsort(item_queue[idx], kind="stable")]
-    return idx, _cumsum_within_queues(item_queue[idx], item_gpus[idx]) <= room[idx]
-
-
-def _cumsum_within_queues(queue: IntArray, gpus: FloatArray) -> FloatArray:
-    """Running total of ``gpus`` within each queue, for items sorted by ``queue``."""
-    total = np.cumsum(gpus)
-    return total - np.concatenate(([0.0], total))[np.searchsorted(queue, queue)]
-
-
-def _grow_after_trade(
-    accepted: BoolArray,
-    *,
-    growth: BoolArray,
-    item_queue: IntArray,
-    item_gpus: FloatArray,
-    item_value: FloatArray,
-    increment_budget: FloatArray,
-    pool: float,
-) -> None:
-    """New growth in the budget room a trade leaves, as the next round would take it.
-
-    ``accepted`` is updated in place. In each queue that gave up running replicas, the growth
-    and the running replicas not kept rank by value as they will next round (when those are
-    gone, and growth like any other); growth in the prefix that fits the room the kept replicas
-    leave is taken, best value first, from the idle GPUs still free (``pool``). A queue whose
-    growth already taken would not fit that prefix takes nothing more.
-    """
-    let_go = ~growth & ~accepted
-    queues = np.unique(item_queue[let_go])
-    idx = np.flatnonzero(np.isin(item_queue, queues) & (growth | let_go))
-    if not len(idx):
-        return
-    kept = accepted & ~growth
-    held = np.bincount(item_queue[kept], weights=item_gpus[kept], minlength=len(increment_budget))
-    room = (increment_budget - held)[item_queue] + GPU_EPSILON
-    idx, fits = _ranked_prefix(idx, item_queue, item_value, item_gpus, room)
-    # Growth already taken (by the trade) must be in the prefix, or the next round differs.
-    crowded = np.unique(item_queue[idx[~fits & accepted[idx] & growth[idx]]])
-    new = idx[fits & growth[idx] & ~accepted[idx] & ~np.isin(item_queue[idx], crowded)]
-    new = new[np.argsort(-item_value[new], kind="stable")]
-    accepted[new[np.cumsum(item_gpus[new]) <= pool + GPU_EPSILON]] = True
 
 
 # Reason codes of the vectorised classification below, in the order ``_REASONS`` lists them.

@@ -1,23 +1,34 @@
-"""How many GPUs each queue's elastic jobs may hold together, and how many idle GPUs growth may use.
+"""The budgets phase: what each queue's elastic jobs may hold, and what idle GPUs growth may use.
 
-Pure functions of the observation and the policy (DESIGN.md, "Allocation, in one paragraph").
+``plan_budgets`` is one call that returns a frozen ``Budgets`` (DESIGN.md, "Allocation, in one
+paragraph"); ``Budgets.after_release`` is the same budgets once what the queues give back this
+round is known (the fixed-point rule of ``decision.pipeline``). Pure functions of the
+observation, the policy and the job table.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_policy.policy.spec import ElasticPolicy
+from scheduler_policy.decision.job_table import BoolArray, FloatArray, IntArray, JobTable
+from scheduler_policy.decision.pending import (
+    idle_gpus,
+    pending_gpus,
+    pending_needs,
+    short_of_idle,
+    sorted_needs,
+    yields,
+)
+from scheduler_policy.policy.spec import ElasticPolicy, QueuePolicy
 from scheduler_policy.vocabulary.state import (
     GPU_EPSILON,
     JobPhase,
-    JobState,
     Observation,
     QueueName,
     QueueState,
@@ -72,194 +83,104 @@ def _capability_gpus(queue: QueueState) -> float:
     return INFINITE_GPUS if queue.capability_gpus is None else queue.capability_gpus
 
 
-def pending_gpus(observation: Observation) -> dict[QueueName, float]:
-    """GPUs each queue's pending work needs to start.
+@dataclass(frozen=True, slots=True)
+class _Tally:
+    """The per-queue sums every budget of one decision is made from, computed once.
 
-    That is the queue's pending non-elastic requests plus the gang minimum of each of its
-    pending elastic jobs: an elastic job that waits while others in its queue run above their
-    minimums is time lost for nothing, so their growth must make room for it.
-
-    Args:
-        observation: the cluster now.
-
-    Returns:
-        GPUs per queue.
+    Attributes:
+        managed: each queue of the observation that the policy manages, with its policy.
+        pending: GPUs each queue's pending work needs (``pending_gpus``).
+        forecast_gpus: forecast peak non-elastic demand per queue.
+        held_nonelastic: GPUs each queue's non-elastic work holds (held elastic jobs included).
+        held_elastic: GPUs each queue's planned elastic jobs hold (replicas waiting hold none).
+        used: per borrowing queue, GPUs it holds in all.
+        spares: per borrowing queue, what it holds above its floor (guarantee, or what its
+            non-elastic work and elastic minimums hold).
+        idle_gpus: idle and terminating GPUs.
+        free_gpus: idle GPUs (terminating ones excluded).
+        short: whether pending work needs more than ``idle_gpus``.
+        needs: every pending need, smallest first, and the queue of each (empty unless a
+            borrowing queue may give back).
     """
-    pending = {q.name: q.pending_nonelastic_gpus for q in observation.queues}
-    for job in observation.jobs:
-        waiting = job.elastic and job.phase is JobPhase.PENDING and job.queue in pending
-        if waiting and not job.spec_problems():
-            pending[job.queue] += _start_gpus(job)
-    return pending
+
+    managed: tuple[tuple[QueueState, QueuePolicy], ...]
+    pending: Mapping[QueueName, float]
+    forecast_gpus: Mapping[QueueName, float]
+    held_nonelastic: Mapping[QueueName, float]
+    held_elastic: Mapping[QueueName, float]
+    used: Mapping[QueueName, float]
+    spares: Mapping[QueueName, float]
+    idle_gpus: float
+    free_gpus: float
+    short: bool
+    needs: tuple[npt.NDArray[np.float64], npt.NDArray[np.object_]]
 
 
-def _start_gpus(job: JobState) -> float:
-    """GPUs a pending job needs to start: its gang minimum if elastic, else all it asks for."""
-    replicas = max(job.min_replicas, 1) if job.elastic else job.current_replicas
-    return replicas * job.gpus_per_replica + job.nonelastic_gpus
-
-
-def pending_covered(observation: Observation, pending: Mapping[QueueName, float]) -> bool:
-    """Whether the idle GPUs cover all pending work: only then does a GPU one job gives up
-    reach another job's growth. (Terminating GPUs do not count: a second round on the same
-    cluster must not trade where the first did not.)"""
-    return sum(pending.values()) <= max(0.0, observation.cluster_free_gpus)
-
-
-def trade_queues(
-    observation: Observation,
-    pending: Mapping[QueueName, float],
-    budgets: Mapping[QueueName, QueueBudget],
-    held_elastic_gpus: Mapping[QueueName, float],
-) -> set[QueueName]:
-    """The queues where a replica one job gives up reaches another job's growth.
-
-    Pending work takes a freed GPU first, and headroom is kept free before growth. Other queues'
-    pending work and every queue's headroom must fit the idle GPUs. The queue's own pending work
-    must too, unless its budget binds (its elastic jobs hold all of it): then its pending work is
-    set aside in the budget and gets its GPUs from the shrinks the budget forces. (Terminating
-    GPUs do not count: a second round on the same cluster must not trade where the first did
-    not.)
-
-    Args:
-        observation: the cluster now.
-        pending: GPUs each queue's pending work needs.
-        budgets: each managed queue's budget.
-        held_elastic_gpus: GPUs each queue's elastic jobs hold.
-    """
-    free = max(0.0, observation.cluster_free_gpus)
-    total = sum(pending.values()) + sum(budget.headroom_gpus for budget in budgets.values())
-    out = set()
-    for name, budget in budgets.items():
-        binds = held_elastic_gpus.get(name, 0.0) >= budget.elastic_gpus - GPU_EPSILON
-        if total - (pending.get(name, 0.0) if binds else 0.0) <= free:
-            out.add(name)
-    return out
-
-
-def growth_pool_gpus(observation: Observation, pending: Mapping[QueueName, float]) -> float:
-    """Idle GPUs that elastic growth may take this round, across all queues.
-
-    Pending work has the first claim on idle GPUs, so growth only takes what is left after it:
-    ``max(0, free − Σ pending GPUs)``.
-    """
-    return max(0.0, observation.cluster_free_gpus - sum(pending.values()))
-
-
-def waiting_pool_gpus(observation: Observation, pending: Mapping[QueueName, float]) -> float:
-    """GPUs that replicas already asked for and waiting to be scheduled may keep, all queues.
-
-    The growth pool plus the GPUs of terminating pods, after pending work: a replica given up
-    for another job's growth is still terminating in the next round, and its GPUs are for the
-    replica that waits for them.
-    """
-    return max(0.0, idle_gpus(observation) - sum(pending.values()))
-
-
-def idle_gpus(observation: Observation) -> float:
-    """Idle GPUs, and those of terminating pods (already on their way to pending work)."""
-    return max(0.0, observation.cluster_free_gpus) + max(0.0, observation.releasing_gpus)
-
-
-def short_of_idle(observation: Observation, pending: Mapping[QueueName, float]) -> bool:
-    """Whether pending work needs more than the idle and terminating GPUs: only then does a
-    borrowing queue give anything back."""
-    return sum(pending.values()) > idle_gpus(observation) + GPU_EPSILON
-
-
-def _pending_needs(
-    observation: Observation, pending: Mapping[QueueName, float]
-) -> dict[QueueName, list[float]]:
-    """What each pending job of each queue needs to start, GPUs; pending work the jobs do not
-    account for (pods outside Volcano Jobs) is one more need of the queue."""
-    needs: dict[QueueName, list[float]] = defaultdict(list)
-    for job in observation.jobs:
-        if job.phase is not JobPhase.PENDING or job.queue not in pending or job.spec_problems():
-            continue
-        needs[job.queue].append(_start_gpus(job))
-    for name, total in pending.items():
-        rest = total - sum(needs[name])
-        if rest > GPU_EPSILON:
-            needs[name].append(rest)
-    return needs
-
-
-def _sorted_needs(
-    needs: Mapping[QueueName, list[float]],
-) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.object_]]:
-    """Every pending need, smallest first, and the queue of each."""
-    pairs = sorted((need, name) for name, items in needs.items() for need in items)
-    owners = np.empty(len(pairs), dtype=object)
-    owners[:] = [p[1] for p in pairs]
-    return np.asarray([p[0] for p in pairs], dtype=np.float64), owners
-
-
-def _yield_gpus(needs: npt.NDArray[np.float64], *, free: float, spare: float) -> float:
-    """GPUs a borrowing queue gives back so that other queues' pending jobs (``needs``, sorted
-    smallest first) can start.
-
-    Volcano starts whatever pending jobs fit, so the smallest start first: the queue gives back
-    what, with the idle GPUs, starts as many of them as its ``spare`` GPUs (what it holds above
-    its floor) allow. Nothing when not even the smallest would start: GPUs given back for work
-    they cannot start would sit idle, reserved, while the queue's jobs run slower.
-    """
-    if not len(needs) or spare <= 0:
-        return 0.0
-    total = np.cumsum(needs)  # smallest first
-    startable = total[total <= free + spare + GPU_EPSILON]
-    if not len(startable):
-        return 0.0
-    return max(0.0, float(startable[-1]) - free)
-
-
-def _yields(
-    spares: Mapping[QueueName, float],
-    *,
-    free: float,
-    pending: Mapping[QueueName, float],
-    needs: Callable[[], tuple[npt.NDArray[np.float64], npt.NDArray[np.object_]]],
-    released: Mapping[QueueName, float] | None,
-) -> dict[QueueName, float]:
-    """GPUs each borrowing queue gives back to other queues' pending work (``_yield_gpus``).
-
-    On a first pass (``released`` None) each queue counts only the idle GPUs, so several borrowing
-    queues may each give up to the whole shortfall. On the next, a queue counts as idle what the
-    other queues' jobs give back this round under the first pass (``released``, whatever the
-    reason): the next round sees those GPUs terminating, and must find nothing more to give. A
-    job gives back whole replicas, and a job above its maximum shrinks anyway, so that can differ
-    from what the first pass asked for.
-
-    Args:
-        spares: per borrowing queue, what it holds above its floor.
-        free: idle and terminating GPUs.
-        pending: GPUs each queue's pending work needs.
-        needs: every pending need, smallest first, and its queue (computed when first needed).
-        released: GPUs each queue's jobs give back this round, from a first pass; None for none.
-    """
-    total_pending = sum(pending.values())
-    total_released = sum(released.values()) if released is not None else 0.0
-    sorted_needs = None
-    gives = {}
-    for name, spare in spares.items():
-        idle = free + total_released - (released.get(name, 0.0) if released is not None else 0.0)
-        give = 0.0
-        if spare > 0 and total_pending - pending.get(name, 0.0) > idle:
-            if sorted_needs is None:
-                sorted_needs = needs()
-            sizes, owners = sorted_needs
-            give = _yield_gpus(sizes[owners != name], free=idle, spare=spare)
-        gives[name] = give
-    return gives
-
-
-def queue_budgets(
+def _tally(
     observation: Observation,
     policy: ElasticPolicy,
     *,
-    elastic_jobs: Iterable[JobState],
-    pending: Mapping[QueueName, float],
-    forecast_headroom_gpus: Mapping[QueueName, float],
-    released: Mapping[QueueName, float] | None = None,
+    table: JobTable,
+    forecast_gpus: Mapping[QueueName, float],
+) -> _Tally:
+    """Sum the observation's jobs per queue, once per decision (see ``_Tally``)."""
+    pending = pending_gpus(observation)
+    # The planned elastic jobs, from the table's columns (a job with no replicas and no other
+    # GPUs holds nothing): their non-elastic pods, the GPUs their replicas hold (replicas still
+    # waiting for GPUs hold none: counting them would shrink a running job to make room that is
+    # not needed; the allocator withdraws them instead), and their minimums.
+    holds = (table.current > 0) | (table.nonelastic_gpus > 0)
+
+    def per_queue(gpus: FloatArray) -> dict[QueueName, float]:
+        sums = np.bincount(
+            table.queue_index, weights=np.where(holds, gpus, 0.0), minlength=len(table.queue_names)
+        )
+        return dict(zip(table.queue_names, sums.tolist(), strict=True))
+
+    held = defaultdict(float, per_queue(table.nonelastic_gpus))
+    elastic_used = per_queue(table.held * table.gpus_per_replica)
+    elastic_min = per_queue(table.min_replicas * table.gpus_per_replica)
+    # Everything else that runs is non-elastic work (held elastic jobs included).
+    planned = {job.key for job in table.jobs}
+    for job in observation.jobs:
+        if job.phase in _GONE or job.phase is JobPhase.PENDING or job.key in planned:
+            continue
+        if job.current_replicas <= 0 and job.nonelastic_gpus <= 0:
+            continue
+        held[job.queue] += job.current_replicas * job.gpus_per_replica + job.nonelastic_gpus
+    policies: dict[QueueName, QueuePolicy] = {}
+    for queue_policy in policy.queues:
+        policies.setdefault(queue_policy.name, queue_policy)  # the first of a name wins
+    managed = tuple((q, policies[q.name]) for q in observation.queues if q.name in policies)
+    used: dict[QueueName, float] = {}
+    spares: dict[QueueName, float] = {}
+    for queue, queue_policy in managed:
+        if queue_policy.borrow:
+            held_q = held.get(queue.name, 0.0)
+            used[queue.name] = held_q + elastic_used.get(queue.name, 0.0)
+            floor = max(queue.guarantee_gpus, held_q + elastic_min.get(queue.name, 0.0))
+            spares[queue.name] = used[queue.name] - floor
+    short = short_of_idle(observation, pending)
+    needs = sorted_needs(pending_needs(observation, pending) if spares and short else {})
+    return _Tally(
+        managed=managed,
+        pending=pending,
+        forecast_gpus=forecast_gpus,
+        held_nonelastic=dict(held),
+        held_elastic=dict(elastic_used),
+        used=used,
+        spares=spares,
+        # GPUs of terminating pods are already on their way to the pending work: counting them
+        # keeps one shortfall from shrinking a job each round until the pods are gone.
+        idle_gpus=idle_gpus(observation),
+        free_gpus=max(0.0, observation.cluster_free_gpus),
+        short=short,
+        needs=needs,
+    )
+
+
+def _queue_budgets(
+    tally: _Tally, *, released: Mapping[QueueName, float] | None
 ) -> dict[QueueName, QueueBudget]:
     """The elastic budget of every queue the policy manages.
 
@@ -275,80 +196,45 @@ def queue_budgets(
     and better than leaving a whole job queued for one more replica's speedup. It gives back
     what starts the most pending jobs, smallest first (Volcano starts whatever fits), and
     nothing when not even the smallest would start: GPUs freed for work they still cannot start
-    would sit idle while the queue's jobs run slower. With ``released`` (a second pass), each
-    borrowing queue counts what the others' jobs give back this round as idle (``_yields``), so
-    that the next round, which sees those GPUs terminating, gives nothing more.
+    would sit idle while the queue's jobs run slower. With ``released``, each borrowing queue
+    counts what the others' jobs give back this round as idle (``yields``), so that the next
+    round, which sees those GPUs terminating, gives nothing more.
 
     Args:
-        observation: the cluster now.
-        policy: the policy in force.
-        elastic_jobs: the jobs tide scales (their GPUs are not counted as non-elastic).
-        pending: GPUs each queue's pending work needs (``pending_gpus``).
-        forecast_headroom_gpus: forecast non-elastic demand per queue, beyond what it holds now.
-        released: GPUs each queue's elastic jobs give back under a first pass of these budgets
-            (see ``_yields``); None on the first pass.
+        tally: the per-queue sums of this decision.
+        released: GPUs each queue's elastic jobs give back under earlier budgets of this
+            decision (see ``yields``); None before any.
 
     Returns:
         One budget per managed queue present in the observation.
     """
-    elastic_keys = {job.key for job in elastic_jobs}
-    held: dict[QueueName, float] = defaultdict(float)
-    elastic_used: dict[QueueName, float] = defaultdict(float)
-    elastic_min: dict[QueueName, float] = defaultdict(float)
-    for job in observation.jobs:
-        phase = job.phase
-        if phase in _GONE or (job.current_replicas <= 0 and job.nonelastic_gpus <= 0):
-            continue
-        name, gpr = job.queue, job.gpus_per_replica
-        if job.key in elastic_keys:
-            held[name] += job.nonelastic_gpus
-            # Replicas still waiting for GPUs hold none: counting them would shrink a running
-            # job to make room that is not needed (the allocator withdraws them instead).
-            elastic_used[name] += job.held_replicas * gpr
-            elastic_min[name] += job.min_replicas * gpr
-        elif phase is not JobPhase.PENDING:
-            held[name] += job.current_replicas * gpr + job.nonelastic_gpus
-    # GPUs of terminating pods are already on their way to the pending work: counting them
-    # keeps one shortfall from shrinking a job each round until the pods are gone.
-    free = idle_gpus(observation)
-    managed = [(q, p) for q in observation.queues if (p := policy.queue(q.name)) is not None]
-    used: dict[QueueName, float] = {}
-    spares: dict[QueueName, float] = {}
-    for queue, queue_policy in managed:
-        if queue_policy.borrow:
-            held_q = held.get(queue.name, 0.0)
-            used[queue.name] = held_q + elastic_used.get(queue.name, 0.0)
-            floor = max(queue.guarantee_gpus, held_q + elastic_min.get(queue.name, 0.0))
-            spares[queue.name] = used[queue.name] - floor
     gives: Mapping[QueueName, float] = {}
-    if spares and short_of_idle(observation, pending):
-        gives = _yields(
-            spares,
-            free=free,
-            pending=pending,
-            needs=lambda: _sorted_needs(_pending_needs(observation, pending)),
+    if tally.spares and tally.short:
+        gives = yields(
+            tally.spares,
+            free=tally.idle_gpus,
+            pending=tally.pending,
+            needs=tally.needs,
             released=released,
         )
     budgets: dict[QueueName, QueueBudget] = {}
-    for queue, queue_policy in managed:
-        share = _share_gpus(queue)
-        capability = _capability_gpus(queue)
-        held_q = held.get(queue.name, 0.0)
-        pending_q = pending.get(queue.name, 0.0)
+    for queue, queue_policy in tally.managed:
+        held_q = tally.held_nonelastic.get(queue.name, 0.0)
+        pending_q = tally.pending.get(queue.name, 0.0)
         claimed = pending_q
         if queue_policy.borrow:
-            limit = capability
+            limit = _capability_gpus(queue)
             give = gives.get(queue.name, 0.0)
             if give > 0:
-                limit = min(limit, used[queue.name] - give)
+                limit = min(limit, tally.used[queue.name] - give)
                 claimed += give
         else:
-            limit = min(capability, share)
+            limit = min(_capability_gpus(queue), _share_gpus(queue))
         # The forecast is the peak the queue's non-elastic work will request in all; what it
         # holds and what is pending are already set aside.
+        forecast = tally.forecast_gpus.get(queue.name, 0.0)
         headroom = queue_policy.headroom.gpus + max(
-            0.0,
-            forecast_headroom_gpus.get(queue.name, 0.0) - held_q - queue.pending_nonelastic_gpus,
+            0.0, forecast - held_q - queue.pending_nonelastic_gpus
         )
         budget = limit - held_q - pending_q - headroom
         if queue_policy.max_elastic_gpus is not None:
@@ -362,3 +248,123 @@ def queue_budgets(
             headroom_gpus=headroom,
         )
     return budgets
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Budgets:
+    """Everything budget-related one decision needs: the value of the budgets phase.
+
+    Attributes:
+        queues: each managed queue's budget.
+        growth_pool_gpus: idle GPUs that growth may take, all queues together, after pending
+            work and every queue's headroom (``growth_pool_gpus``).
+        waiting_pool_gpus: GPUs that replicas already asked for may keep, idle and terminating,
+            after the same (``waiting_pool_gpus``).
+        trade_queues: the queues where a running replica may move to another job's growth.
+        leave_waiting: per job of the table, whether its replicas waiting for GPUs are left as
+            asked rather than withdrawn.
+        floor: per job of the table, the fewest replicas the allocator may leave it with (the
+            rate limit of a job still on the prior's curve).
+        gives_back: whether pending work needs more than the idle and terminating GPUs: only
+            then does a borrowing queue give GPUs back, and does what others release count.
+        tally: the per-queue sums the budgets are made from.
+    """
+
+    queues: Mapping[QueueName, QueueBudget]
+    growth_pool_gpus: float
+    waiting_pool_gpus: float
+    trade_queues: frozenset[QueueName]
+    leave_waiting: BoolArray
+    floor: IntArray
+    gives_back: bool
+    tally: _Tally
+
+    def after_release(self, released: Mapping[QueueName, float]) -> Budgets:
+        """The same budgets, each borrowing queue counting as idle what the other queues' jobs
+        give back this round (``released``, GPUs per queue).
+
+        Args:
+            released: GPUs each queue's elastic jobs give back under these budgets.
+
+        Returns:
+            The budgets recomputed; equal ``queues`` when ``released`` changes nothing.
+        """
+        queues = _queue_budgets(self.tally, released=released)
+        return replace(self, queues=queues, trade_queues=_trade_queues(self.tally, queues))
+
+
+def plan_budgets(
+    observation: Observation,
+    policy: ElasticPolicy,
+    *,
+    table: JobTable,
+    forecast_gpus: Mapping[QueueName, float],
+) -> Budgets:
+    """The budgets phase: every budget of one decision, in one value.
+
+    Args:
+        observation: the cluster now.
+        policy: the policy in force.
+        table: the jobs the allocator plans for (their GPUs are not counted as non-elastic).
+        forecast_gpus: forecast peak non-elastic demand per queue (the fit phase's).
+
+    Returns:
+        The budgets, before anything is known of what the queues give back this round.
+    """
+    tally = _tally(observation, policy, table=table, forecast_gpus=forecast_gpus)
+    queues = _queue_budgets(tally, released=None)
+    # Headroom is kept free of every queue's growth, not only its own queue's: a borrowing
+    # queue would otherwise take the GPUs a non-elastic queue keeps for its coming work.
+    reserved = sum(budget.headroom_gpus for budget in queues.values())
+    total_pending = sum(tally.pending.values())
+    # The allocator plans within the rate limit of jobs still on the prior's curve: a shrink the
+    # damping would hold back must not fund another job's growth or a budget's share.
+    floor = np.where(
+        table.shaped,
+        table.min_replicas,
+        np.clip(table.held - policy.defaults.max_step_down, table.min_replicas, table.max_replicas),
+    )
+    return Budgets(
+        queues=queues,
+        growth_pool_gpus=max(0.0, tally.free_gpus - total_pending - reserved),
+        waiting_pool_gpus=max(0.0, tally.idle_gpus - total_pending - reserved),
+        trade_queues=_trade_queues(tally, queues),
+        leave_waiting=_leave_waiting(table, tally),
+        floor=floor,
+        gives_back=tally.short,
+        tally=tally,
+    )
+
+
+def _leave_waiting(table: JobTable, tally: _Tally) -> BoolArray:
+    """Per job, whether replicas waiting for GPUs are left as asked rather than withdrawn.
+
+    They are while pending work claims more than the idle GPUs, all of it in the job's own
+    queue: Volcano starts pending gangs before it adds elastic pods, so the waiting replicas take
+    nothing from them. Pending work in another queue gets them withdrawn, since they would raise
+    their queue's request, and with it the deserved share Volcano's proportion plugin gives it.
+    """
+    total = sum(tally.pending.values())
+    covered = total <= tally.free_gpus  # only then does a GPU one job gives up reach another
+    own = np.asarray([tally.pending.get(q, 0.0) for q in table.queue_names], dtype=np.float64)
+    per_queue = (total - own <= GPU_EPSILON) & (not covered)
+    return per_queue[table.queue_index] if len(table.jobs) else np.zeros(0, dtype=bool)
+
+
+def _trade_queues(tally: _Tally, budgets: Mapping[QueueName, QueueBudget]) -> frozenset[QueueName]:
+    """The queues where a replica one job gives up reaches another job's growth.
+
+    Pending work takes a freed GPU first, and headroom is kept free before growth. Other queues'
+    pending work and every queue's headroom must fit the idle GPUs. The queue's own pending work
+    must too, unless its budget binds (its elastic jobs hold all of it): then its pending work is
+    set aside in the budget and gets its GPUs from the shrinks the budget forces. (Terminating
+    GPUs do not count: a second round on the same cluster must not trade where the first did
+    not.)
+    """
+    total = sum(tally.pending.values()) + sum(b.headroom_gpus for b in budgets.values())
+    out = set()
+    for name, budget in budgets.items():
+        binds = tally.held_elastic.get(name, 0.0) >= budget.elastic_gpus - GPU_EPSILON
+        if total - (tally.pending.get(name, 0.0) if binds else 0.0) <= tally.free_gpus:
+            out.add(name)
+    return frozenset(out)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -15,13 +15,6 @@ from scheduler_policy.vocabulary.state import JobState, QueueName
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-
-_QUEUE = attrgetter("queue")
-_RESTART = attrgetter("restart_cost_s")
-_REMAINING = attrgetter("remaining_samples")
-_LAST_RESCALE = attrgetter("last_rescale_s")
-_MEASURED = attrgetter("measured")
-_SCHEDULED = attrgetter("scheduled_replicas")
 
 
 def _held(current: FloatArray, scheduled: FloatArray) -> IntArray:
@@ -43,6 +36,7 @@ class JobTable:
         current: replicas now (the spec).
         held: replicas that hold GPUs (``JobState.held_replicas``), at most ``current``.
         gpus_per_replica: GPUs per replica.
+        nonelastic_gpus: GPUs the job holds outside its scaling task.
         restart_cost_s: seconds a restart costs (the policy default where the job sets none).
         remaining_samples: samples left, NaN where unknown or the curve is not measured.
         last_rescale_s: when the job was last rescaled, NaN for never.
@@ -59,6 +53,7 @@ class JobTable:
     current: IntArray
     held: IntArray
     gpus_per_replica: FloatArray
+    nonelastic_gpus: FloatArray
     restart_cost_s: FloatArray
     remaining_samples: FloatArray
     last_rescale_s: FloatArray
@@ -85,39 +80,33 @@ class JobTable:
             queue_names: every queue a job may be in.
             default_restart_cost_s: the restart cost of jobs that set none.
         """
-        count = len(jobs)
 
-        def column(values: Iterable[float | None]) -> FloatArray:
-            # np.fromiter skips building a tuple per job; None becomes NaN in a float array.
-            return np.fromiter(
-                (np.nan if v is None else v for v in values), dtype=np.float64, count=count
-            )
-
-        def field(name: str, items: Sequence[object] = jobs) -> FloatArray:
-            return np.fromiter(map(attrgetter(name), items), dtype=np.float64, count=count)
+        def column(name: str, items: Sequence[object] = jobs) -> FloatArray:
+            """Attribute ``name`` of every item as floats (None becomes NaN)."""
+            return np.array(list(map(attrgetter(name), items)), dtype=np.float64)
 
         names = tuple(sorted(queue_names))
         index = {name: i for i, name in enumerate(names)}
-        lo = np.maximum(field("min_replicas"), 0).astype(np.int64)
-        measured = np.fromiter(map(_MEASURED, curves), dtype=bool, count=count)
-        restart = column(map(_RESTART, jobs))
+        lo = np.maximum(column("min_replicas"), 0).astype(np.int64)
+        current = column("current_replicas")
+        measured = column("measured", curves).astype(bool)
+        restart = column("restart_cost_s")
         return cls(
             jobs=tuple(jobs),
             queue_names=names,
-            queue_index=np.fromiter(
-                (index[q] for q in map(_QUEUE, jobs)), dtype=np.int64, count=count
-            ),
+            queue_index=np.array([index[job.queue] for job in jobs], dtype=np.int64),
             min_replicas=lo,
-            max_replicas=np.maximum(field("max_replicas").astype(np.int64), lo),
-            current=field("current_replicas").astype(np.int64),
-            held=_held(field("current_replicas"), column(map(_SCHEDULED, jobs))),
-            gpus_per_replica=field("gpus_per_replica"),
+            max_replicas=np.maximum(column("max_replicas").astype(np.int64), lo),
+            current=current.astype(np.int64),
+            held=_held(current, column("scheduled_replicas")),
+            gpus_per_replica=column("gpus_per_replica"),
+            nonelastic_gpus=column("nonelastic_gpus"),
             restart_cost_s=np.where(np.isnan(restart), default_restart_cost_s, restart),
-            remaining_samples=np.where(measured, column(map(_REMAINING, jobs)), np.nan),
-            last_rescale_s=column(map(_LAST_RESCALE, jobs)),
-            lam=field("lambda_samples_per_s", curves),
-            sigma=field("sigma", curves),
-            kappa=field("kappa", curves),
+            remaining_samples=np.where(measured, column("remaining_samples"), np.nan),
+            last_rescale_s=column("last_rescale_s"),
+            lam=column("lambda_samples_per_s", curves),
+            sigma=column("sigma", curves),
+            kappa=column("kappa", curves),
             measured=measured,
-            shaped=field("sizes", curves) >= 2,
+            shaped=column("sizes", curves) >= 2,
         )

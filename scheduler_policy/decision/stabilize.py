@@ -255,8 +255,7 @@ def stabilize(
     Returns:
         The final targets, the step that held each back, and the new memories.
     """
-    if rate_limited is None:
-        rate_limited = np.ones(len(current), dtype=bool)
+    limited_jobs = np.ones(len(current), dtype=bool) if rate_limited is None else rate_limited
     last = tails(recommendations)
     up_min, down_max = window_extremes(
         recommendations,
@@ -266,44 +265,52 @@ def stabilize(
         window_up_s=defaults.window_up_s,
         window_down_s=defaults.window_down_s,
     )
+
+    def tolerance(d: IntArray) -> IntArray:
+        return within_tolerance(
+            current=current, desired=d, gains=gains, forced=forced, tolerance=defaults.tolerance
+        )
+
+    def bounds(d: IntArray) -> IntArray:
+        return clamp_to_bounds(desired=d, min_replicas=min_replicas, max_replicas=max_replicas)
+
+    def rate(d: IntArray) -> IntArray:
+        limited = limit_rate(
+            current=current,
+            desired=d,
+            max_step_up=defaults.max_step_up,
+            max_step_down=defaults.max_step_down,
+        )
+        # A job outside its bounds goes straight into them: bounds win over the rate.
+        return bounds(np.where(limited_jobs, limited, d))
+
+    def cooldown(d: IntArray) -> IntArray:
+        return hold_in_cooldown(
+            current=current,
+            desired=d,
+            last_rescale_s=last_rescale_s,
+            forced=forced,
+            now_s=now_s,
+            cooldown_s=defaults.cooldown_s,
+            interval_s=interval_s,
+        )
+
+    def windows(d: IntArray) -> IntArray:
+        return apply_windows(
+            current=current,
+            desired=d,
+            window_up_min=up_min,
+            window_down_max=down_max,
+            forced=forced,
+        )
+
     steps: tuple[tuple[Reason, Callable[[IntArray], IntArray]], ...] = (
-        (
-            Reason.WITHIN_TOLERANCE,
-            lambda d: within_tolerance(
-                current=current, desired=d, gains=gains, forced=forced,
-                tolerance=defaults.tolerance,
-            ),
-        ),
-        (
-            Reason.LIMITED_BY_BOUNDS,
-            lambda d: clamp_to_bounds(desired=d, min_replicas=min_replicas,
-                                      max_replicas=max_replicas),
-        ),
-        (
-            Reason.LIMITED_BY_RATE,
-            # A job outside its bounds goes straight into them: bounds win over the rate.
-            lambda d: clamp_to_bounds(
-                desired=np.where(
-                    rate_limited,
-                    limit_rate(current=current, desired=d, max_step_up=defaults.max_step_up,
-                               max_step_down=defaults.max_step_down),
-                    d,
-                ),
-                min_replicas=min_replicas, max_replicas=max_replicas,
-            ),
-        ),
-        (
-            Reason.COOLDOWN,
-            lambda d: hold_in_cooldown(current=current, desired=d, last_rescale_s=last_rescale_s,
-                                       forced=forced, now_s=now_s,
-                                       cooldown_s=defaults.cooldown_s, interval_s=interval_s),
-        ),
-        (
-            Reason.STABILIZATION_WINDOW,
-            lambda d: apply_windows(current=current, desired=d, window_up_min=up_min,
-                                    window_down_max=down_max, forced=forced),
-        ),
-    )  # fmt: skip
+        (Reason.WITHIN_TOLERANCE, tolerance),
+        (Reason.LIMITED_BY_BOUNDS, bounds),
+        (Reason.LIMITED_BY_RATE, rate),
+        (Reason.COOLDOWN, cooldown),
+        (Reason.STABILIZATION_WINDOW, windows),
+    )
     desired = recommended
     held_code = np.full(len(current), -1, dtype=np.int64)
     for code, (_, step) in enumerate(steps):
@@ -312,10 +319,18 @@ def stabilize(
         desired = after
     held_by = tuple(None if c < 0 else steps[c][0] for c in held_code.tolist())
     moved = desired != current
+    # Within one interval of its last rescale a job cannot move (``hold_in_cooldown``), and its
+    # memory stays as it is: the move changed what the allocator recommends for it (a rate
+    # limit plans from the replicas now), and a second reconcile at the same time must write
+    # nothing. What is recommended then is recorded once the job may move again.
     kept, changed = remember(
-        recommendations, recommended, now_s=now_s,
-        keep_s=max(defaults.window_up_s, defaults.window_down_s), last=last,
-    )  # fmt: skip
+        recommendations,
+        recommended,
+        now_s=now_s,
+        keep_s=max(defaults.window_up_s, defaults.window_down_s),
+        last=last,
+        frozen=(now_s - last_rescale_s) < interval_s,  # NaN (never rescaled) compares False
+    )
     return Stabilized(
         targets=desired,
         held_by=held_by,
@@ -332,6 +347,7 @@ def remember(
     now_s: float,
     keep_s: float,
     last: Tails | None = None,
+    frozen: BoolArray | None = None,
 ) -> tuple[tuple[tuple[Recommendation, ...], ...], BoolArray]:
     """Each job's recommendation changes after this round.
 
@@ -347,6 +363,7 @@ def remember(
         now_s: the reconcile time.
         keep_s: the longest stabilization window; 0 keeps nothing.
         last: ``tails(recommendations)``, when the caller has it already.
+        frozen: the jobs whose recommendations stay as they are this round; None for none.
 
     Returns:
         The new recommendation changes, and where they differ from the old.
@@ -362,6 +379,8 @@ def remember(
         steady = (lengths == 1) & (last_replicas == recommended) & (since <= now_s)
     else:
         steady = lengths == 0
+    if frozen is not None:
+        steady |= frozen
     for i in np.flatnonzero(~steady).tolist():
         recs = recommendations[i]
         replicas = wanted[i]

@@ -22,13 +22,16 @@ from scheduler_policy.vocabulary.state import (
     Observation,
     Reason,
     ScalingDecision,
+    Sentence,
 )
 
 logger = logging.getLogger(__name__)
 
 
 def _hold(job: JobState, reason: Reason, message: str) -> ScalingDecision:
-    return ScalingDecision(job.key, job.current_replicas, job.current_replicas, reason, message)
+    return ScalingDecision(
+        job.key, job.current_replicas, job.current_replicas, reason, Sentence(message)
+    )
 
 
 class Triage(NamedTuple):

@@ -1,8 +1,9 @@
-"""The reconcile loop in named phases: observe → decide → apply.
+"""The reconcile loop in named phases: observe → fit → decide → apply.
 
-``decide`` (``scheduler_policy.decision.pipeline``) is pure but for the model cache; only
-``apply_changes`` writes, and it writes only what differs from what it observed, so reconciling
-twice on the same cluster writes nothing the second time.
+Fitting (``ModelCache.fit``) is the one stateful step; ``decide``
+(``scheduler_policy.decision.pipeline``) is pure; only ``apply_changes`` writes, and it writes
+only what differs from what it observed, so reconciling twice on the same cluster writes nothing
+the second time.
 """
 
 from __future__ import annotations
@@ -34,12 +35,14 @@ class ReconcileResult:
         decisions: one per elastic job.
         applied: the writes that succeeded.
         failed: the writes that failed, with why.
+        plan: what ``decide`` returned (its queue budgets and forecasts included).
     """
 
     observation: Observation
     decisions: tuple[ScalingDecision, ...]
     applied: tuple[ReplicaChange, ...]
     failed: tuple[tuple[ReplicaChange, str], ...] = ()
+    plan: Plan | None = None
 
 
 def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> Observation:
@@ -148,7 +151,7 @@ def reconcile(
     now_s: float,
     models: ModelCache,
 ) -> ReconcileResult:
-    """Observe, decide, stabilize and apply once.
+    """Observe, fit, decide and apply once.
 
     Args:
         metrics: where throughput and queue use come from.
@@ -161,7 +164,7 @@ def reconcile(
         What was observed, decided, written and refused.
     """
     observation = observe(metrics=metrics, cluster=cluster, now_s=now_s)
-    plan = decide(observation, policy, models=models)
+    plan = decide(observation, policy, fits=models.fit(observation, policy))
     models.forget({job.key for job in observation.jobs})
     applied, failed = apply_changes(cluster, plan.changes)
-    return ReconcileResult(observation, plan.decisions, applied, failed)
+    return ReconcileResult(observation, plan.decisions, applied, failed, plan)

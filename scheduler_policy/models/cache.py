@@ -1,4 +1,7 @@
-"""Fitted models kept across reconciles, so a steady state refits nothing.
+"""The fit phase: fitted models kept across reconciles, so a steady state refits nothing.
+
+``ModelCache.fit`` runs before ``decide`` and is the only stateful step of a reconcile: it hands
+``decide`` a ``Fits`` value (a curve per job, a forecast per queue, and the jobs whose fit failed).
 
 A job's scaling model is refitted when it has run at a replica count the last fit had not seen, or
 when ``refit_s`` has passed since the last fit. A queue's forecaster is refitted when ``refit_s``
@@ -9,16 +12,41 @@ cache lives in memory only.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from scheduler_policy.models.curve import JobCurve
 from scheduler_policy.models.forecast import DemandForecaster
 from scheduler_policy.models.scaling import ScalingModel
-from scheduler_policy.policy.spec import Headroom
+from scheduler_policy.policy.spec import ElasticPolicy, Headroom
 from scheduler_policy.vocabulary.errors import ModelFitError
-from scheduler_policy.vocabulary.state import JobKey, JobState, QueueName, QueueState
+from scheduler_policy.vocabulary.state import (
+    JobKey,
+    JobPhase,
+    JobState,
+    Observation,
+    QueueName,
+    QueueState,
+)
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Fits:
+    """What the fit phase hands to ``decide``.
+
+    Attributes:
+        curves: the scaling curve of each running elastic job (the prior where it has no usable
+            measurement yet).
+        failures: the jobs whose fit failed, each with a sentence naming the job and the error;
+            ``decide`` holds them.
+        forecast_gpus: each managed queue's forecast peak non-elastic demand, GPUs.
+    """
+
+    curves: Mapping[JobKey, JobCurve]
+    failures: Mapping[JobKey, str] = field(default_factory=dict)
+    forecast_gpus: Mapping[QueueName, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -83,6 +111,36 @@ class ModelCache:
             self._prior = JobCurve(1.0, float(model.sigma_), float(model.kappa_), measured=False)
         return self._prior
 
+    def fit(self, observation: Observation, policy: ElasticPolicy) -> Fits:
+        """Fit what ``decide`` needs for ``observation``: the fit phase of a reconcile.
+
+        Args:
+            observation: the cluster now (its ``time_s`` is the fit time).
+            policy: the policy in force (which queues are managed, their headroom settings).
+
+        Returns:
+            A curve for every running elastic job whose fit did not fail, the failures, and a
+            forecast for every queue the policy manages. A failure never raises.
+        """
+        now_s = observation.time_s
+        curves: dict[JobKey, JobCurve] = {}
+        failures: dict[JobKey, str] = {}
+        for job in observation.jobs:
+            if not job.elastic or job.phase is not JobPhase.RUNNING:
+                continue  # never planned for: nothing to fit
+            try:
+                curves[job.key] = self.curve(job, now_s=now_s)
+            except ModelFitError as e:
+                failures[job.key] = str(e)
+                logger.warning("%s", e)
+        managed = {q.name: q for q in reversed(policy.queues)}  # the first of a name wins
+        forecasts = {
+            queue.name: self.forecast_gpus(queue, managed[queue.name].headroom, now_s=now_s)
+            for queue in observation.queues
+            if queue.name in managed
+        }
+        return Fits(curves=curves, failures=failures, forecast_gpus=forecasts)
+
     def curve(self, job: JobState, *, now_s: float) -> JobCurve:
         """The job's scaling curve, refitted only when something new was measured.
 
@@ -91,8 +149,10 @@ class ModelCache:
             now_s: the reconcile time.
 
         Returns:
-            The fitted curve, or the prior when the job has no usable measurement or its fit
-            failed (logged).
+            The fitted curve, or the prior when the job has no usable measurement.
+
+        Raises:
+            ModelFitError: the fit failed; the message names the job and the error.
         """
         cached = self._curves.get(job.key)
         # The steady state: no size measured that the last fit had not seen.
@@ -109,8 +169,7 @@ class ModelCache:
         try:
             model = ScalingModel.from_points(points)
         except (ModelFitError, ValueError) as e:
-            logger.warning("job %s: scaling model fit failed, using the prior: %s", job.key, e)
-            return self.prior_curve()
+            raise ModelFitError(f"job {job.key}: scaling model fit failed: {e}") from e
         self.curve_fits += 1
         curve = JobCurve(
             float(model.lambda_),
@@ -157,8 +216,9 @@ class ModelCache:
                 # Remembered like a fit, so the next try (and warning) waits for the refit time.
                 logger.warning(
                     "queue %s: demand forecast failed, no headroom until the next refit: %s",
-                    queue.name, e,
-                )  # fmt: skip
+                    queue.name,
+                    e,
+                )
                 forecaster = None
             self.forecast_fits += 1
             cached = _FittedForecast(now_s, quantile, headroom.horizon_s, forecaster)

@@ -61,7 +61,7 @@ class ReplicaChange:
         to_replicas: the replicas to set (equal to ``from_replicas`` for a memory-only write).
         memory: the stabilizer's memory to store on the job.
         reason: why, CamelCase.
-        why: the sentence for people, or what renders it when read (``message``): most
+        why: what writes the sentence for people (``message``), rendered when read: most
             writes of a large round are never logged, so they are never formatted.
     """
 
@@ -71,12 +71,12 @@ class ReplicaChange:
     to_replicas: int
     memory: JobMemory
     reason: Reason
-    why: str | Explanation
+    why: Explanation
 
     @property
     def message(self) -> str:
         """Why, for people."""
-        return self.why if isinstance(self.why, str) else self.why.render()
+        return self.why.render()
 
 
 class MetricsSource(Protocol):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -9,7 +11,7 @@ from scheduler_policy.engine.reconcile import decide, reconcile
 from scheduler_policy.models.cache import ModelCache
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.testing.fake import FakeCluster
-from scheduler_policy.vocabulary.state import JobPhase, Observation, Reason
+from scheduler_policy.vocabulary.state import JobPhase, Observation, Reason, Recommendation
 from tests.scheduler_policy.builders import (
     NOW_S,
     make_job,
@@ -19,6 +21,10 @@ from tests.scheduler_policy.builders import (
 )
 
 QUEUES = ("a", "b", "c")
+
+
+def fit_and_decide(observation, policy):
+    return decide(observation, policy, fits=ModelCache().fit(observation, policy))
 
 
 @st.composite
@@ -83,7 +89,7 @@ SETTINGS = settings(max_examples=150, deadline=None,
 @given(scenarios())
 def test_targets_respect_bounds_budgets_and_idle_gpus(scenario):
     observation, policy = scenario
-    plan = decide(observation, policy, models=ModelCache())
+    plan = fit_and_decide(observation, policy)
     jobs = {job.key: job for job in observation.jobs}
     moved = [d for d in plan.decisions if d.changes]
     for d in moved:
@@ -122,9 +128,7 @@ def test_targets_respect_bounds_budgets_and_idle_gpus(scenario):
 @given(scenarios())
 def test_the_same_input_gives_the_same_output(scenario):
     observation, policy = scenario
-    assert decide(observation, policy, models=ModelCache()) == decide(
-        observation, policy, models=ModelCache()
-    )
+    assert fit_and_decide(observation, policy) == fit_and_decide(observation, policy)
 
 
 @SETTINGS
@@ -133,17 +137,57 @@ def test_stale_metrics_never_shrink(scenario):
     observation, policy = scenario
     stale = Observation(observation.time_s, observation.queues, observation.jobs,
                         observation.cluster_free_gpus, metrics_fresh=False)  # fmt: skip
-    plan = decide(stale, policy, models=ModelCache())
+    plan = fit_and_decide(stale, policy)
     assert all(d.target_replicas >= d.current_replicas for d in plan.decisions)
     assert not any(c.to_replicas < c.from_replicas for c in plan.changes)
 
 
-@SETTINGS
-@given(scenarios())
-def test_reconcile_is_idempotent(scenario):
-    observation, policy = scenario
+@st.composite
+def damped_scenarios(draw: st.DrawFn) -> tuple[Observation, ElasticPolicy, float]:
+    """A scenario with the damping's memory and settings drawn too, and terminating GPUs."""
+    observation, policy = draw(scenarios())
+    jobs = []
+    for job in observation.jobs:
+        rescaled = draw(st.one_of(st.none(), st.sampled_from([10.0, 90.0, 400.0, 4000.0])))
+        recent = draw(st.lists(st.tuples(st.sampled_from([30.0, 200.0, 900.0]),
+                                         st.integers(0, 12)), max_size=2))  # fmt: skip
+        jobs.append(
+            dataclasses.replace(
+                job,
+                last_rescale_s=None if rescaled is None else NOW_S - rescaled,
+                recommendations=tuple(
+                    Recommendation(NOW_S - age, replicas)
+                    for age, replicas in sorted(recent, reverse=True)
+                ),
+            )
+        )
+    defaults = dataclasses.replace(
+        policy.defaults,
+        cooldown_s=draw(st.sampled_from([0.0, 60.0, 300.0])),
+        window_up_s=draw(st.sampled_from([0.0, 120.0])),
+        window_down_s=draw(st.sampled_from([0.0, 300.0])),
+    )
+    terminating = float(draw(st.integers(0, 4)))
+    return (
+        dataclasses.replace(observation, jobs=tuple(jobs)),
+        dataclasses.replace(policy, defaults=defaults),
+        terminating,
+    )
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(damped_scenarios())
+def test_reconcile_then_apply_then_reconcile_writes_nothing(scenario):
+    # The house rule: whatever the first reconcile wrote, a second one on the cluster it left
+    # (same time, same observation of it) writes nothing, and holds every job where it is.
+    observation, policy, terminating = scenario
     cluster = FakeCluster(observation)
+    cluster.terminating_gpus = terminating
     models = ModelCache()
     reconcile(metrics=cluster, cluster=cluster, policy=policy, now_s=NOW_S, models=models)
+    after_first = {job.key: job for job in cluster.list_jobs()}
     second = reconcile(metrics=cluster, cluster=cluster, policy=policy, now_s=NOW_S, models=models)
     assert second.applied == ()
+    assert second.failed == ()
+    assert [d.job for d in second.decisions if d.changes] == []
+    assert {job.key: job for job in cluster.list_jobs()} == after_first
