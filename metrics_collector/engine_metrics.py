@@ -116,9 +116,8 @@ class EngineMetrics(Collector):
         """
         observation = result.observation
         accuracy = models.accuracy()
-        # The budgets and forecasts as the decisions used them.
+        # The budgets as the decisions used them; the forecasts of the queues that have one.
         budgets = result.plan.budgets if result.plan is not None else {}
-        forecasts = result.plan.forecast_gpus if result.plan is not None else {}
         fallback = 0 if observation.metrics_fresh else 1  # a source without a report
         stale = report.stale_series if report is not None else fallback
         with self._lock:
@@ -159,7 +158,7 @@ class EngineMetrics(Collector):
                 "Forecast peak GPU demand of each queue's non-elastic work over the horizon.",
                 labels=queue_labels,
             )
-            for name, gpus in sorted(forecasts.items()):
+            for name, gpus in sorted(accuracy.forecast_gpus.items()):
                 forecast.add_metric([name], gpus)
             families += [budget, headroom, forecast]
             error = GaugeMetricFamily(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from scheduler_policy.decision.budget import QueueBudget
 from scheduler_policy.policy.spec import Defaults
@@ -41,10 +42,10 @@ class DecisionBatch:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class DecisionContext:
+class DecisionContext(NamedTuple):
     """One decision's explanation: its place in its batch, rendered only when someone reads the
-    message (writing out all 10,000 sentences of a large round took 47 ms; a pair is cheap)."""
+    message (writing out all 10,000 sentences of a large round took 47 ms; a pair is cheap).
+    A NamedTuple for the reason ``ScalingDecision`` is one: a round builds one per job."""
 
     batch: DecisionBatch
     position: int
