@@ -28,7 +28,7 @@ from scipy.interpolate import LinearNDInterpolator, interp1d
 from scheduler_policy.vocabulary.state import JobKey
 from simulations.errors import TraceError
 from simulations.profiles import ScalingProfile
-from simulations.traces import column_float, column_int
+from simulations.traces import bad_rows_error, column_float, column_int
 from simulations.workload import Workload, WorkloadJob
 
 EPOCHS = {"bert": 2, "cifar10": 100, "ncf": 10, "imagenet": 90, "deepspeech2": 80, "yolov3": 50}
@@ -158,10 +158,10 @@ def load_pollux_workload(
         The workload.
 
     Raises:
-        TraceError: a bad row (file and line), unless skipped.
+        TraceError: every bad row (file and line, the first 20 listed), unless skipped.
     """
     jobs: list[WorkloadJob] = []
-    skipped = 0
+    bad: list[tuple[int, str]] = []
     for line, row in enumerate(_rows(path), start=2):
         try:
             app = row["application"]
@@ -174,11 +174,8 @@ def load_pollux_workload(
             profile = application_profile(traces_dir, app, batch, gpus_per_node)
             work = total_iterations(traces_dir, app, batch)
         except (KeyError, ValueError, TypeError, TraceError) as e:
-            if skip_bad_rows:
-                skipped += 1
-                continue
-            detail = f"missing column {e}" if isinstance(e, KeyError) else str(e)
-            raise TraceError(path, line, detail) from e
+            bad.append((line, f"missing column {e}" if isinstance(e, KeyError) else str(e)))
+            continue
         max_replicas = min(MAX_REPLICAS, max(replicas, max_useful_replicas(profile)))
         jobs.append(
             WorkloadJob(
@@ -195,8 +192,10 @@ def load_pollux_workload(
                 source=f"{path}:{line}",
             )
         )
+    if bad and not skip_bad_rows:
+        raise bad_rows_error(str(path), bad)
     jobs.sort(key=lambda j: j.submit_s)
-    return Workload(name=path.stem, jobs=tuple(jobs), skipped_rows=skipped)
+    return Workload(name=path.stem, jobs=tuple(jobs), skipped_rows=len(bad), skipped=tuple(bad))
 
 
 def max_useful_replicas(profile: ScalingProfile) -> int:

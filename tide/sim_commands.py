@@ -125,7 +125,9 @@ def register(app: typer.Typer) -> None:
             Path | None,
             typer.Option(
                 "--policy",
-                help="tide policy file; default: scale every elastic queue, borrowing idle GPUs.",
+                help="tide policy file; default: every setting at its built-in default, each "
+                "elastic queue of the cluster scaled and borrowing idle GPUs (on the built-in "
+                "cluster: manifests/policies/default.yaml).",
             ),
         ] = None,
         policies: Annotated[

@@ -316,7 +316,11 @@ def register(app: typer.Typer) -> None:
         member: MemberOpt = "cluster04.csv",
         cluster_file: ClusterOpt = None,
         policy_file: Annotated[
-            Path | None, typer.Option("--policy", help="Base policy whose parameters vary.")
+            Path | None,
+            typer.Option(
+                "--policy",
+                help="Base policy whose parameters vary; default: simulate's default policy.",
+            ),
         ] = None,
         workers: Annotated[
             int | None,

@@ -17,7 +17,7 @@ STALE = "throughput series of ns/a absent for 300 s"
 
 
 def targets(observation, policy):
-    plan = decide(observation, policy, models=ModelCache())
+    plan = decide(observation, policy, fits=ModelCache().fit(observation, policy))
     return {d.job.removeprefix("ns/"): (d.target_replicas, d.reason) for d in plan.decisions}
 
 
@@ -92,7 +92,8 @@ def test_scenario(observation, expected):
 
 
 def test_the_hold_names_the_job_and_what_was_stale():
-    plan = decide(two_jobs(STALE), make_policy(), models=ModelCache())
+    observation, policy = two_jobs(STALE), make_policy()
+    plan = decide(observation, policy, fits=ModelCache().fit(observation, policy))
     (held,) = [d for d in plan.decisions if d.reason is Reason.HOLD_METRICS_STALE]
     assert held.job == "ns/a"
     assert "ns/a" in held.message and STALE in held.message

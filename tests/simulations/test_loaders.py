@@ -258,6 +258,24 @@ def test_pollux_bad_rows_name_the_column(tmp_path: Path) -> None:
         load_pollux_workload(path, traces_dir=tmp_path)
 
 
+def test_pollux_lists_every_bad_row_and_skips_them_by_line(tmp_path: Path) -> None:
+    path = tmp_path / "w.csv"
+    path.write_text(
+        "name,time,application,num_replicas,batch_size\n"
+        "a,0,cifar10,two,128\nb,0,nosuchapp,2,128\nc,-1,cifar10,2,128\n"
+    )
+    with pytest.raises(TraceError) as caught:
+        load_pollux_workload(path, traces_dir=tmp_path)
+    text = str(caught.value)
+    assert "w.csv:2: num_replicas: 'two' is not a whole number" in text
+    assert "w.csv:3: unknown application 'nosuchapp'" in text
+    assert "w.csv:4: bad num_replicas/batch_size/time" in text
+    assert "3 bad rows in all" in text
+    workload = load_pollux_workload(path, traces_dir=tmp_path, skip_bad_rows=True)
+    assert workload.jobs == () and workload.skipped_rows == 3
+    assert [line for line, _ in workload.skipped] == [2, 3, 4]
+
+
 @pytest.mark.skipif(not ITP.exists(), reason=f"shared ITP traces absent at {ITP}")
 def test_real_itp_cluster04() -> None:
     w = load_workload(trace=ITP, member="cluster04.csv")
