@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 from rich.console import Console
 from typer.core import TyperArgument, TyperOption
@@ -46,7 +45,7 @@ METAVARS = {
 }  # fmt: skip
 
 
-def _help_type(param: TyperArgument | TyperOption, ctx: click.Context) -> str | None:
+def _help_type(param: TyperArgument | TyperOption, ctx: object) -> str | None:
     """The help's type column: a flag has none, an argument's name says it (``PATH...``), an
     option shows what its value is (``METAVARS``)."""
     if isinstance(param, TyperArgument):
