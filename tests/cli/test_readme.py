@@ -199,8 +199,8 @@ def test_no_tests_collected_fails_make(tmp_path: Path) -> None:
 
 
 @pytest.mark.quickstart
-def test_ci_runs_make_test() -> None:
+def test_ci_runs_both_quickstart_commands() -> None:
     script = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     commands = [line.strip() for line in script.splitlines() if not line.lstrip().startswith("#")]
-    assert commands[-1] == "make test"
+    assert commands[-2:] == ["make demo", "make test"]
     assert "set -euo pipefail" in commands
