@@ -30,7 +30,7 @@ from simulations.api import PolicyRun, default_policy_for, run_one
 from simulations.cluster_config import ClusterSpec
 from simulations.report import Summary, summarize
 from simulations.run import RunOptions
-from simulations.tune import apply_params
+from simulations.tune_space import apply_params
 from simulations.workload import Workload
 
 BUILTIN_HEADROOMS = (0.0, 1.0, 2.0, 4.0, 6.0)

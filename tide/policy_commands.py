@@ -17,8 +17,8 @@ from scheduler_policy.vocabulary.errors import PolicyError
 from simulations.cluster_config import KIND as CLUSTER_KIND
 from simulations.cluster_config import load_cluster
 from simulations.errors import ClusterFileError, SearchSpaceError
-from simulations.tune import KIND as SPACE_KIND
-from simulations.tune import load_search_space
+from simulations.tune_space import KIND as SPACE_KIND
+from simulations.tune_space import load_search_space
 
 
 def print_reports(reports: list[FileReport], *, console: Console) -> None:

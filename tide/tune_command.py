@@ -24,9 +24,12 @@ from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluste
 from simulations.errors import SimulationError
 from simulations.run import RunOptions
 from simulations.tune import (
-    SearchSpace,
     Trial,
     TuneResult,
+    tune,
+)
+from simulations.tune_space import (
+    SearchSpace,
     candidates,
     check_values,
     distinct_sets,
@@ -34,7 +37,6 @@ from simulations.tune import (
     param_text,
     param_value,
     parameter,
-    tune,
 )
 from simulations.workload import DEFAULT_LOAD
 from tide.comparison import BOUND_TERMS, NO_BOUND, print_fitted

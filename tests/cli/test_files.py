@@ -17,7 +17,7 @@ from scheduler_policy.vocabulary.errors import TideError
 from simulations.api import default_policy_for
 from simulations.cluster_config import BUILTIN_CLUSTER, load_cluster
 from simulations.errors import SimulationError
-from simulations.tune import load_search_space
+from simulations.tune_space import load_search_space
 from tide import sim_commands
 
 ROOT = Path(__file__).resolve().parents[2]

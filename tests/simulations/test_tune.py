@@ -18,14 +18,16 @@ from simulations.cluster_config import BUILTIN_CLUSTER
 from simulations.errors import SearchSpaceError
 from simulations.run import RunOptions
 from simulations.tune import (
-    SearchSpace,
     TuneResult,
+    figure_of,
+    tune,
+)
+from simulations.tune_space import (
+    SearchSpace,
     apply_params,
     candidates,
     distinct_sets,
-    figure_of,
     load_search_space,
-    tune,
 )
 from tests.simulations.helpers import interrupt_after
 
