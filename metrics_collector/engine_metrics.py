@@ -46,7 +46,6 @@ from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 from metrics_collector.sampling import SampleReport
 from scheduler_policy.engine.reconcile import ReconcileResult
 from scheduler_policy.models.cache import ModelCache
-from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.state import JobKey
 
 DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -94,7 +93,6 @@ class EngineMetrics(Collector):
         self,
         result: ReconcileResult,
         *,
-        policy: ElasticPolicy,
         models: ModelCache,
         duration_s: float,
         finished_s: float,
@@ -104,7 +102,6 @@ class EngineMetrics(Collector):
 
         Args:
             result: what ``reconcile`` returned.
-            policy: the policy it ran under.
             models: the model cache it used (forecasts and the models' accuracy).
             duration_s: how long it took.
             finished_s: when it finished, seconds since the epoch.

@@ -47,7 +47,7 @@ def run_once(
     policy = policy or make_policy(headroom_gpus=2.0)
     models = models or ModelCache()
     result = reconcile(metrics=cluster, cluster=cluster, policy=policy, now_s=NOW_S, models=models)
-    metrics.record(result, policy=policy, models=models, duration_s=duration_s,
+    metrics.record(result, models=models, duration_s=duration_s,
                    finished_s=NOW_S + duration_s, report=report)  # fmt: skip
     return result
 
@@ -126,7 +126,7 @@ def test_forecast_and_its_coverage_are_exported_when_scored() -> None:
     cluster = FakeCluster(make_observation(make_job("a"), queues=(
         replace(make_queue(capability=32), demand_history=history),)))  # fmt: skip
     result = reconcile(metrics=cluster, cluster=cluster, policy=policy, now_s=NOW_S, models=models)
-    metrics.record(result, policy=policy, models=models, duration_s=0.1, finished_s=NOW_S)
+    metrics.record(result, models=models, duration_s=0.1, finished_s=NOW_S)
     forecast = value(registry, "tide_queue_forecast_gpus", queue_name="q")
     assert forecast is not None and 0 < forecast <= 9
     assert value(registry, "tide_queue_headroom_gpus", queue_name="q") == pytest.approx(forecast)
