@@ -128,6 +128,12 @@ class _Split:
     def list_jobs(self) -> list[JobState]:
         return self._jobs
 
+    def list_nodes(self) -> tuple[()]:
+        return ()
+
+    def list_pending_gangs(self) -> tuple[()]:
+        return ()
+
 
 def measure_observe(jobs: int, queues: int, runs: int) -> float:
     """Median ms of ``observe`` on the synthetic cluster of ``jobs`` jobs."""

@@ -23,6 +23,8 @@ from scheduler_policy.vocabulary.state import (
     JobKey,
     JobPhase,
     JobState,
+    NodeState,
+    PendingGang,
     QueueName,
     QueueState,
     ThroughputPoint,
@@ -210,6 +212,14 @@ class SimulatedCluster(ClusterCore):
     def list_jobs(self) -> Sequence[JobState]:
         """See base class."""
         return [self.job_state(job) for job in self.active_jobs()]
+
+    def list_nodes(self) -> Sequence[NodeState]:
+        """See base class. The simulator does not yet report placement."""
+        return ()
+
+    def list_pending_gangs(self) -> Sequence[PendingGang]:
+        """See base class. Pending demand is in each queue's ``pending_nonelastic_gpus``."""
+        return ()
 
     def apply(self, change: ReplicaChange) -> None:
         """See base class. A shrink is graceful: the workers checkpoint before they stop."""

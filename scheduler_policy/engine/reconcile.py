@@ -102,6 +102,8 @@ def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> 
         cluster_free_gpus=sample.cluster_free_gpus,
         metrics_fresh=fresh,
         releasing_gpus=sample.releasing_gpus,
+        nodes=tuple(cluster.list_nodes()),
+        pending_gangs=tuple(cluster.list_pending_gangs()),
     )
 
 

@@ -23,7 +23,15 @@ from scheduler_policy.adapters.memory_codec import (
 )
 from scheduler_policy.vocabulary.errors import ConflictError, PermanentError
 from scheduler_policy.vocabulary.protocols import MetricsSample, ReplicaChange
-from scheduler_policy.vocabulary.state import JobKey, JobMemory, JobState, Observation, QueueState
+from scheduler_policy.vocabulary.state import (
+    JobKey,
+    JobMemory,
+    JobState,
+    NodeState,
+    Observation,
+    PendingGang,
+    QueueState,
+)
 
 
 class FakeCluster:
@@ -54,6 +62,8 @@ class FakeCluster:
             )}
             for job in observation.jobs
         }  # fmt: skip
+        self.nodes = list(observation.nodes)
+        self.pending_gangs = list(observation.pending_gangs)
         self.free_gpus = observation.cluster_free_gpus
         self.fresh = observation.metrics_fresh
         self.writes: list[ReplicaChange] = []
@@ -79,6 +89,14 @@ class FakeCluster:
     def list_jobs(self) -> Sequence[JobState]:
         """See base class. Each job's memory is decoded from its annotation."""
         return tuple(self.job(key) for key in self._jobs)
+
+    def list_nodes(self) -> Sequence[NodeState]:
+        """See base class."""
+        return tuple(self.nodes)
+
+    def list_pending_gangs(self) -> Sequence[PendingGang]:
+        """See base class."""
+        return tuple(self.pending_gangs)
 
     def job(self, key: JobKey) -> JobState:
         """The job as the cluster holds it now, its memory read from its annotation."""

@@ -16,6 +16,8 @@ from scheduler_policy.vocabulary.state import (
     JobKey,
     JobMemory,
     JobState,
+    NodeState,
+    PendingGang,
     QueueName,
     QueueState,
     Reason,
@@ -103,6 +105,14 @@ class ClusterClient(Protocol):
 
     def list_jobs(self) -> Sequence[JobState]:
         """Return every job, with its stored memory; throughput may be left empty."""
+        ...
+
+    def list_nodes(self) -> Sequence[NodeState]:
+        """Return the GPU nodes with their free GPUs; empty when placement is not known."""
+        ...
+
+    def list_pending_gangs(self) -> Sequence[PendingGang]:
+        """Return the PodGroups of non-elastic work that wait for GPUs, oldest first."""
         ...
 
     def apply(self, change: ReplicaChange) -> None:

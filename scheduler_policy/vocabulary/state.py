@@ -94,6 +94,63 @@ class QueueState:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeState:
+    """A node with GPUs, as the engine sees it.
+
+    Attributes:
+        name: the node's name.
+        allocatable_gpus: ``status.allocatable`` GPUs.
+        free_gpus: allocatable GPUs that no pod bound to the node requests.
+    """
+
+    name: str
+    allocatable_gpus: float
+    free_gpus: float
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlacement:
+    """One pod of a job's scaling task: its task index and where it runs.
+
+    Attributes:
+        index: the pod's task index (``volcano.sh/task-index``); Volcano deletes the highest
+            indices first on a scale-down.
+        node: the node it is bound to; None while it waits for GPUs.
+        gpus: GPUs it requests.
+    """
+
+    index: int
+    node: str | None
+    gpus: float
+
+
+@dataclass(frozen=True, slots=True)
+class PendingGang:
+    """A PodGroup that waits for GPUs (phase ``Pending`` or ``Inqueue``): demand to serve.
+
+    Attributes:
+        key: ``namespace/name`` of the PodGroup.
+        queue: the queue it is submitted to.
+        min_member: pods that must start together (``spec.minMember``).
+        gpus: GPUs the gang needs to start (``spec.minResources``).
+        phase: Volcano's PodGroup phase, ``Pending`` or ``Inqueue``.
+        since_s: when it was created, seconds since the epoch; None when unknown.
+    """
+
+    key: str
+    queue: QueueName
+    min_member: int
+    gpus: float
+    phase: str = "Pending"
+    since_s: float | None = None
+
+    @property
+    def gpus_per_pod(self) -> float:
+        """GPUs each of its pods asks, taken as even over ``min_member``."""
+        return self.gpus / self.min_member if self.min_member > 0 else self.gpus
+
+
+@dataclass(frozen=True, slots=True)
 class JobState:
     """A Volcano Job as the engine sees it.
 
@@ -125,6 +182,8 @@ class JobState:
             job's sake or for its own low efficiency; it holds (``HoldMetricsStale``) unless
             its queue's budget forces a shrink (pending work, headroom, over budget), and its
             held GPUs count in that budget as any running elastic job's do.
+        pods: the scaling task's pods with their task index and node, lowest index first;
+            empty when the source does not read pods.
     """
 
     key: JobKey
@@ -145,6 +204,7 @@ class JobState:
     read_problems: tuple[str, ...] = ()
     scheduled_replicas: int | None = None
     stale_reason: str | None = None
+    pods: tuple[PodPlacement, ...] = ()
 
     def with_metrics(
         self, history: tuple[ThroughputPoint, ...], remaining_samples: float | None
@@ -176,6 +236,7 @@ class JobState:
             read_problems=self.read_problems,
             scheduled_replicas=self.scheduled_replicas,
             stale_reason=self.stale_reason,
+            pods=self.pods,
         )
 
     @property
@@ -226,6 +287,9 @@ class Observation:
             ``stale_reason`` instead, and only that job holds.
         releasing_gpus: GPUs held by pods that are terminating (a shrink checkpointing): they
             come free shortly, so pending work needs no further shrink for them.
+        nodes: the GPU nodes with their free GPUs; empty when the source does not read nodes.
+        pending_gangs: PodGroups of non-elastic work waiting for GPUs, oldest first (their
+            GPUs are also in their queue's ``pending_nonelastic_gpus``).
     """
 
     time_s: float
@@ -234,6 +298,8 @@ class Observation:
     cluster_free_gpus: float
     metrics_fresh: bool = True
     releasing_gpus: float = 0.0
+    nodes: tuple[NodeState, ...] = ()
+    pending_gangs: tuple[PendingGang, ...] = ()
 
 
 class Reason(str, enum.Enum):

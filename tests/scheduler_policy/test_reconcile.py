@@ -342,7 +342,12 @@ def test_a_conflicting_write_is_reported_for_retry():
 def test_joining_metrics_keeps_every_other_field_of_the_job():
     # JobState.with_metrics lists the fields by hand (dataclasses.replace made observe half as
     # slow again at 10,000 jobs): a field added to JobState and not to it would be dropped.
-    from scheduler_policy.vocabulary.state import JobState, QueueName, Recommendation
+    from scheduler_policy.vocabulary.state import (
+        JobState,
+        PodPlacement,
+        QueueName,
+        Recommendation,
+    )
 
     values = {
         "key": JobKey("ns/a"),
@@ -363,6 +368,7 @@ def test_joining_metrics_keeps_every_other_field_of_the_job():
         "read_problems": ("bad annotation",),
         "scheduled_replicas": 4,
         "stale_reason": "throughput absent",
+        "pods": (PodPlacement(0, "node-a", 2.0),),
     }
     assert set(values) == {f.name for f in dataclasses.fields(JobState)}
     job = JobState(**values)
