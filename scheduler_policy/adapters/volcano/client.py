@@ -13,13 +13,11 @@ import dataclasses
 import json
 import logging
 import math
-import socket
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 import urllib3
@@ -36,6 +34,7 @@ from scheduler_policy.adapters.volcano.errors import (
     PatchForbidden,
     PatchRefused,
 )
+from scheduler_policy.adapters.volcano.events import EventRecorder, JobEvent
 from scheduler_policy.adapters.volcano.informer import Informer
 from scheduler_policy.adapters.volcano.read import (
     PodRead,
@@ -47,7 +46,6 @@ from scheduler_policy.adapters.volcano.read import (
     read_queue,
 )
 from scheduler_policy.adapters.volcano_job import (
-    API_VERSION,
     GPU_RESOURCE,
     UnreadJob,
     VolcanoJob,
@@ -79,8 +77,6 @@ JSON_PATCH = "application/json-patch+json"
 
 BATCH = ("batch.volcano.sh", "v1alpha1")
 SCHEDULING = ("scheduling.volcano.sh", "v1beta1")
-EVENT_MESSAGE_MAX = 1024
-"""Characters of an Event's message (the API's own limit for events.k8s.io)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,11 +177,14 @@ class VolcanoClient:
         self._core = k8s.CoreV1Api(api_client)
         self._namespace = namespace
         self._watching = watch
-        self._events = events
-        self._component = component
-        self._instance = socket.gethostname()
-        self._max_retries = max_conflict_retries
         self._counter = RequestCounter()
+        self._recorder = (
+            EventRecorder(self._core, component=component, counter=self._counter,
+                          background=watch)
+            if events
+            else None
+        )  # fmt: skip
+        self._max_retries = max_conflict_retries
         self._callbacks: list[Callable[[str], None]] = []
         self._callbacks_lock = threading.Lock()
         self._started = False
@@ -254,12 +253,15 @@ class VolcanoClient:
         """
         end = time.monotonic() + timeout_s
         ended = [i.stop(max(0.0, end - time.monotonic())) for i in self._all]
+        if self._recorder is not None:
+            ended.append(self._recorder.stop(max(0.1, end - time.monotonic())))
         return all(ended)
 
     @property
     def running_threads(self) -> int:
-        """Watch threads alive now."""
-        return sum(1 for i in self._all if i.running)
+        """Threads of this client alive now (the watches, and the Events' sender)."""
+        events = self._recorder is not None and self._recorder.running
+        return sum(1 for i in self._all if i.running) + int(events)
 
     def on_change(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(why)`` when a PodGroup becomes pending or an elastic Job appears.
@@ -590,31 +592,18 @@ class VolcanoClient:
             return
 
     def _event(self, job: VolcanoJob, change: ReplicaChange) -> None:
-        """A Kubernetes Event on the Job for a change of replicas; a failure is only logged."""
-        if not self._events or change.to_replicas == change.from_replicas:
+        """An Event on the Job for a change of replicas (not for a memory-only write)."""
+        if self._recorder is None or change.to_replicas == change.from_replicas:
             return
         namespace, name = _split(change.job)
-        now = datetime.now(timezone.utc)
-        body = k8s.CoreV1Event(
-            metadata=k8s.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
-            involved_object=k8s.V1ObjectReference(
-                api_version=API_VERSION, kind="Job", name=name, namespace=namespace, uid=job.uid
-            ),
-            reason=_reason(change),
-            message=change.message[:EVENT_MESSAGE_MAX],
-            type="Normal",
-            source=k8s.V1EventSource(component=self._component),
-            reporting_component=self._component,
-            reporting_instance=self._instance,
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-        )
-        self._counter.add("events")
-        try:
-            self._core.create_namespaced_event(namespace, body)
-        except Exception as e:  # an Event is a courtesy: never fail the write for it
-            logger.warning("Job %s: the Event for the change was not created: %s", change.job, e)
+        self._recorder.record(
+            JobEvent(namespace=namespace, name=name, uid=job.uid, reason=_reason(change),
+                     message=change.message, time_s=time.time())
+        )  # fmt: skip
+
+    def flush_events(self, timeout_s: float) -> bool:
+        """Wait until the Events recorded so far are sent; whether they are, within the bound."""
+        return self._recorder is None or self._recorder.flush(timeout_s)
 
 
 def _reason(change: ReplicaChange) -> str:
