@@ -10,7 +10,6 @@ a Kubernetes Event on the Job saying why.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import threading
@@ -27,14 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from scheduler_policy.adapters.volcano.counts import RequestCounter, RequestCounts
-from scheduler_policy.adapters.volcano.errors import (
-    JobNotFound,
-    NotElastic,
-    PatchFailed,
-    PatchForbidden,
-    PatchRefused,
-)
-from scheduler_policy.adapters.volcano.events import EventRecorder, JobEvent
+from scheduler_policy.adapters.volcano.events import EventRecorder
 from scheduler_policy.adapters.volcano.informer import Informer
 from scheduler_policy.adapters.volcano.read import (
     PodRead,
@@ -45,16 +37,14 @@ from scheduler_policy.adapters.volcano.read import (
     read_podgroup,
     read_queue,
 )
+from scheduler_policy.adapters.volcano.write import BATCH, JSON_PATCH, JobWriter, api_message
 from scheduler_policy.adapters.volcano_job import (
     GPU_RESOURCE,
     UnreadJob,
     VolcanoJob,
     read_job,
-    replica_patch,
 )
-from scheduler_policy.policy.annotations import ELASTIC
 from scheduler_policy.vocabulary.errors import (
-    ConflictError,
     PermanentError,
     TemporaryError,
 )
@@ -72,10 +62,6 @@ __all__ = ["JSON_PATCH", "VolcanoClient", "from_kubeconfig"]
 
 logger = logging.getLogger(__name__)
 
-JSON_PATCH = "application/json-patch+json"
-"""The content type of every write: without it the Python client sends a merge patch."""
-
-BATCH = ("batch.volcano.sh", "v1alpha1")
 SCHEDULING = ("scheduling.volcano.sh", "v1beta1")
 
 
@@ -111,27 +97,6 @@ def from_kubeconfig(path: str | None) -> k8s.ApiClient:
     except (ConfigException, OSError, TypeError, ValueError) as e:
         where = "the in-cluster configuration" if path is None else f"kubeconfig {path}"
         raise PermanentError(f"{where}: cannot be loaded: {e}") from e
-
-
-def _split(key: str) -> tuple[str, str]:
-    namespace, _, name = key.partition("/")
-    return namespace, name
-
-
-def _api_message(e: ApiException) -> str:
-    """What the API server said: the Status object's message, else the HTTP reason."""
-    body = e.body
-    if isinstance(body, bytes):
-        body = body.decode("utf-8", errors="replace")
-    if isinstance(body, str) and body:
-        try:
-            status = json.loads(body)
-        except ValueError:
-            return body[:500]
-        if isinstance(status, Mapping) and isinstance(status.get("message"), str):
-            return str(status["message"])
-        return body[:500]
-    return str(e.reason or "no message")
 
 
 def _log_problem(problem: ReadProblem | UnreadJob) -> None:
@@ -227,6 +192,10 @@ class VolcanoClient:
             **common,  # type: ignore[arg-type]
         )  # fmt: skip
         self._all = (self._jobs, self._queues, self._podgroups, self._pods, self._nodes)
+        self._writer = JobWriter(
+            self._custom, jobs=self._jobs, watching=watch, namespace=namespace,
+            max_retries=max_conflict_retries, counter=self._counter, recorder=self._recorder,
+        )  # fmt: skip
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -380,7 +349,7 @@ class VolcanoClient:
                 informer.relist()
             except ApiException as e:
                 raise TemporaryError(
-                    f"listing {informer.kind}s failed: HTTP {e.status}: {_api_message(e)}"
+                    f"listing {informer.kind}s failed: HTTP {e.status}: {api_message(e)}"
                 ) from e
             except (urllib3.exceptions.HTTPError, OSError) as e:
                 raise TemporaryError(f"listing {informer.kind}s failed: {e}") from e
@@ -459,153 +428,10 @@ class VolcanoClient:
         self._fresh(self._pods)
         return sum(p.gpus for p in self._pods.items() if p.terminating and p.holds_gpus)
 
-    # -- writing ------------------------------------------------------------------------------
-
-    def _get_job(self, key: JobKey) -> VolcanoJob:
-        """Read one Job from the API server (not the cache).
-
-        Raises:
-            JobNotFound: it does not exist.
-            PatchForbidden: the client may not read it.
-            PatchFailed: no answer, or a 5xx.
-        """
-        namespace, name = _split(key)
-        self._counter.add("gets")
-        try:
-            obj = self._custom.get_namespaced_custom_object(*BATCH, namespace, "jobs", name)
-        except ApiException as e:
-            raise self._refusal(key, e, []) from e
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise PatchFailed(job=key, status=None, api_message=str(e), patch=[]) from e
-        read = read_job(obj, source=key)
-        if isinstance(read, UnreadJob):
-            raise PermanentError(f"Job {key}: cannot be read: {read.problem}")
-        if self._watching and isinstance(obj, Mapping):
-            self._jobs.put(obj)
-        return read
-
-    def _job_for_write(self, key: JobKey) -> VolcanoJob:
-        namespace, name = _split(key)
-        if not namespace or not name:
-            raise PermanentError(f"Job {key!r}: not a namespace/name key")
-        if self._namespace is not None and namespace != self._namespace:
-            raise PermanentError(
-                f"Job {key}: outside the namespace {self._namespace} this client manages"
-            )
-        if self._watching and self._jobs.synced:
-            cached = self._jobs.get(key)
-            if cached is not None:
-                return cached
-        return self._get_job(key)
-
-    @staticmethod
-    def _refusal(key: str, e: ApiException, patch: list[dict[str, object]]) -> Exception:
-        """The typed error for an API refusal."""
-        status = int(e.status or 0)
-        message = _api_message(e)
-        if status == 404:
-            return JobNotFound(job=key, status=status, api_message=message, patch=patch)
-        if status == 403:
-            return PatchForbidden(job=key, status=status, api_message=message, patch=patch)
-        if status == 429 or status >= 500 or status == 0:
-            return PatchFailed(job=key, status=status or None, api_message=message, patch=patch)
-        return PatchRefused(job=key, status=status, api_message=message, patch=patch)
-
     def apply(self, change: ReplicaChange) -> None:
-        """See base class.
-
-        One JSON patch (``volcano_job.replica_patch``): the replicas, the task's
-        ``minAvailable`` where the admission rules need it, and the memory annotation. When
-        the Job changed since it was read (HTTP 409, or a failed ``test``), it is read again
-        and the patch rebuilt while it still has ``from_replicas``, at most
-        ``max_conflict_retries`` times. A change of replicas is followed by an Event on the
-        Job (its failure is logged, never raised).
-
-        Raises:
-            ConflictError: the Job no longer has ``from_replicas``, or kept changing.
-            NotElastic: the Job lacks the ``tide.io/elastic: "true"`` annotation.
-            JobNotFound: the Job does not exist.
-            PatchForbidden: RBAC refuses the patch (HTTP 403).
-            PatchRefused: the API server or an admission rule refused it (HTTP 400, 422).
-            PatchFailed: HTTP 5xx or 429, or no answer: it may succeed later.
-            PermanentError: the change cannot be written at all (its memory cannot be
-                encoded, the Job has no such task).
-        """
-        key = change.job
-        job = self._job_for_write(key)
-        attempt = 0
-        while True:
-            state = job.state
-            if not state.elastic:
-                raise NotElastic(
-                    f'Job {key}: not marked {ELASTIC}: "true"; tide never writes to it'
-                )
-            if state.task != change.task or state.current_replicas != change.from_replicas:
-                raise ConflictError(
-                    f"Job {key}: task {state.task!r} has {state.current_replicas} replicas now; "
-                    f"the change to {change.to_replicas} was decided from "
-                    f"{change.from_replicas} of task {change.task!r}"
-                )
-            try:
-                patch = replica_patch(job, change)
-            except ValueError as e:
-                raise PermanentError(str(e)) from e
-            namespace, name = _split(key)
-            self._counter.add("patches")
-            try:
-                written = self._custom.patch_namespaced_custom_object(
-                    *BATCH, namespace, "jobs", name, patch, _content_type=JSON_PATCH
-                )
-            except ApiException as e:
-                if e.status not in (409, 422):
-                    raise self._refusal(key, e, patch) from e
-                # A failed ``test`` and an admission rule both answer 422 ("Invalid"); the
-                # former says no more than "the server rejected our request". The Job read
-                # again tells them apart: unchanged, the patch itself was refused.
-                current = self._get_job(key)
-                unchanged = (
-                    current.resource_version is not None
-                    and current.resource_version == job.resource_version
-                )
-                if e.status == 422 and unchanged:
-                    raise self._refusal(key, e, patch) from e
-                if attempt >= self._max_retries:
-                    raise ConflictError(
-                        f"Job {key}: still changing after {attempt + 1} patches "
-                        f"(HTTP {e.status}: {_api_message(e)})"
-                    ) from e
-                attempt += 1
-                self._counter.add("retries")
-                logger.info("Job %s: changed under the patch (HTTP %s); patching it again",
-                            key, e.status)  # fmt: skip
-                job = current
-                continue
-            except (urllib3.exceptions.HTTPError, OSError) as e:
-                raise PatchFailed(job=key, status=None, api_message=str(e), patch=patch) from e
-            if self._watching and isinstance(written, Mapping):
-                self._jobs.put(written)
-            logger.info(
-                "Job %s: task %s %d -> %d replicas (%s)",
-                key, change.task, change.from_replicas, change.to_replicas, _reason(change),
-            )  # fmt: skip
-            self._event(job, change)
-            return
-
-    def _event(self, job: VolcanoJob, change: ReplicaChange) -> None:
-        """An Event on the Job for a change of replicas (not for a memory-only write)."""
-        if self._recorder is None or change.to_replicas == change.from_replicas:
-            return
-        namespace, name = _split(change.job)
-        self._recorder.record(
-            JobEvent(namespace=namespace, name=name, uid=job.uid, reason=_reason(change),
-                     message=change.message, time_s=time.time())
-        )  # fmt: skip
+        """See base class, and ``write.JobWriter.apply`` for what is sent and raised."""
+        self._writer.apply(change)
 
     def flush_events(self, timeout_s: float) -> bool:
         """Wait until the Events recorded so far are sent; whether they are, within the bound."""
         return self._recorder is None or self._recorder.flush(timeout_s)
-
-
-def _reason(change: ReplicaChange) -> str:
-    reason = change.reason
-    return str(reason.value) if hasattr(reason, "value") else str(reason)
