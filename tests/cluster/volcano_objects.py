@@ -1,0 +1,253 @@
+"""Volcano's objects (and KWOK's nodes) as the control plane installs and the tests create them.
+
+``volcano_documents`` reads Volcano v1.15.1's CRDs and ValidatingAdmissionPolicies (with their
+bindings) from ``../shared/volcano-crds/``; ``queue_body`` and ``volcano_job_body`` build valid
+Queues and Jobs; ``policy_probes`` builds, per policy, a dry-run request that the policy must
+refuse, which tells when a policy is in force.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.cluster.processes import ControlPlaneError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# The shared ground truth sits beside the checkout (../shared), as CI lays it out.
+SHARED_DIR = REPO_ROOT.parent / "shared"
+VOLCANO_CRDS_DIR = SHARED_DIR / "volcano-crds"
+KWOK_STAGES_DIR = SHARED_DIR / "kwok-stages"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+QUEUE_GROUP = "scheduling.volcano.sh"
+QUEUE_VERSION = "v1beta1"
+JOB_GROUP = "batch.volcano.sh"
+JOB_VERSION = "v1alpha1"
+
+
+def volcano_documents(folder: Path = VOLCANO_CRDS_DIR) -> list[dict[str, Any]]:
+    """Every object of Volcano's CRD files and admission-policy files, CRDs first.
+
+    Args:
+        folder: the CRD folder; its ``admission-policies/`` holds the policies and bindings.
+
+    Returns:
+        The objects, in file order (each policy before its binding).
+
+    Raises:
+        ControlPlaneError: a folder holds no YAML file, or a document is not an object.
+    """
+    crd_files = sorted(folder.glob("*.yaml"))
+    policy_files = sorted((folder / "admission-policies").glob("*.yaml"))
+    if not crd_files:
+        raise ControlPlaneError(f"{folder}: no CRD files (*.yaml)")
+    if not policy_files:
+        raise ControlPlaneError(f"{folder / 'admission-policies'}: no policy files (*.yaml)")
+    docs: list[dict[str, Any]] = []
+    for path in (*crd_files, *policy_files):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is None:
+                continue
+            if not isinstance(doc, dict) or "kind" not in doc or "metadata" not in doc:
+                raise ControlPlaneError(f"{path}: a document is not a Kubernetes object")
+            docs.append(doc)
+    return docs
+
+
+def kwok_stages_config(folder: Path = KWOK_STAGES_DIR) -> str:
+    """The KWOK stages of ``folder`` joined with ``---`` into one ``kwok --config`` document.
+
+    Raises:
+        ControlPlaneError: the folder holds no stage file.
+    """
+    files = sorted(folder.glob("*.yaml"))
+    if not files:
+        raise ControlPlaneError(f"{folder}: no stage files (*.yaml)")
+    return "\n---\n".join(f.read_text().strip() for f in files) + "\n"
+
+
+def _gpus(gpus: int) -> dict[str, str]:
+    return {GPU_RESOURCE: str(gpus)}
+
+
+def queue_body(
+    name: str,
+    *,
+    weight: int,
+    capability_gpus: int | None = None,
+    deserved_gpus: int | None = None,
+    guarantee_gpus: int | None = None,
+) -> dict[str, Any]:
+    """A ``scheduling.volcano.sh/v1beta1`` Queue (GPU figures in whole GPUs, omitted when None)."""
+    spec: dict[str, Any] = {"weight": weight, "reclaimable": True}
+    if capability_gpus is not None:
+        spec["capability"] = _gpus(capability_gpus)
+    if deserved_gpus is not None:
+        spec["deserved"] = _gpus(deserved_gpus)
+    if guarantee_gpus is not None:
+        spec["guarantee"] = {"resource": _gpus(guarantee_gpus)}
+    return {
+        "apiVersion": f"{QUEUE_GROUP}/{QUEUE_VERSION}",
+        "kind": "Queue",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def volcano_job_body(
+    name: str, *, queue: str, replicas: int, min_available: int = 1, gpus_per_pod: int = 1
+) -> dict[str, Any]:
+    """A ``batch.volcano.sh/v1alpha1`` Job with one elastic task ``worker``.
+
+    Args:
+        name: the job's name.
+        queue: its ``spec.queue``.
+        replicas: ``tasks[0].replicas``.
+        min_available: ``spec.minAvailable`` (Volcano's policy refuses more than ``replicas``).
+        gpus_per_pod: each worker's ``nvidia.com/gpu`` request and limit.
+
+    Returns:
+        The body to create (the namespace comes from the create call); ``tasks[0].minAvailable``
+        is 1 (0 when ``replicas`` is 0), so only ``replicas`` needs to move to rescale.
+    """
+    return {
+        "apiVersion": f"{JOB_GROUP}/{JOB_VERSION}",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": "volcano",
+            "queue": queue,
+            "minAvailable": min_available,
+            "tasks": [
+                {
+                    "name": "worker",
+                    "replicas": replicas,
+                    "minAvailable": min(1, replicas),
+                    "template": {
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "containers": [
+                                {
+                                    "name": "worker",
+                                    "image": "busybox",
+                                    "resources": {
+                                        "limits": _gpus(gpus_per_pod),
+                                        "requests": _gpus(gpus_per_pod),
+                                    },
+                                }
+                            ],
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def gpu_node_body(name: str, *, gpus: int, cpu: str, memory: str) -> dict[str, Any]:
+    """A Node that KWOK manages (annotation ``kwok.x-k8s.io/node: fake``, label ``type: kwok``).
+
+    Args:
+        name: the node's name.
+        gpus: its ``nvidia.com/gpu`` capacity and allocatable.
+        cpu: its CPU capacity and allocatable (a Kubernetes quantity).
+        memory: its memory capacity and allocatable (a Kubernetes quantity).
+
+    Returns:
+        The body to create: a Node keeps the status it is created with (capacity,
+        allocatable); KWOK adds the conditions and addresses and keeps them fresh.
+    """
+    resources = {"cpu": cpu, "memory": memory, "pods": "110", GPU_RESOURCE: str(gpus)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {FAKE_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/role": "agent",
+            },
+        },
+        "spec": {},
+        "status": {"capacity": resources, "allocatable": dict(resources)},
+    }
+
+
+def policy_probes(api: Any, *, name: str, namespace: str) -> dict[str, Callable[[], Any]]:
+    """Per policy, a dry-run create (nothing is stored) that breaks exactly one of its rules.
+
+    The podgroup policy allows everything, so it has none; a policy in force answers its probe
+    with HTTP 422 naming it.
+
+    Args:
+        api: an admin ``kubernetes.client.ApiClient``.
+        name: the probe objects' name.
+        namespace: where the namespaced probes go (it must exist).
+
+    Returns:
+        Policy name → a call that sends its probe.
+    """
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api)
+    core = client.CoreV1Api(api)
+    bad_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            # The policy allows one of the two disruption-budget annotations, not both.
+            "annotations": {
+                "volcano.sh/jdb-min-available": "1",
+                "volcano.sh/jdb-max-unavailable": "1",
+            },
+        },
+        "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "busybox"}]},
+    }
+    return {
+        # spec.minAvailable above the total replicas.
+        "job-validation-policy": lambda: custom.create_namespaced_custom_object(
+            JOB_GROUP,
+            JOB_VERSION,
+            namespace,
+            "jobs",
+            volcano_job_body(name, queue="default", replicas=1, min_available=2),
+            dry_run="All",
+        ),
+        # deserved above capability.
+        "queue-validation-policy": lambda: custom.create_cluster_custom_object(
+            QUEUE_GROUP,
+            QUEUE_VERSION,
+            "queues",
+            queue_body(name, weight=1, capability_gpus=1, deserved_gpus=2),
+            dry_run="All",
+        ),
+        "pod-validation-policy": lambda: core.create_namespaced_pod(
+            namespace, bad_pod, dry_run="All"
+        ),
+        # A member pattern with an unmatched parenthesis (the CRD's schema lets it through).
+        "hypernode-validation-policy": lambda: custom.create_cluster_custom_object(
+            "topology.volcano.sh",
+            "v1alpha1",
+            "hypernodes",
+            {
+                "apiVersion": "topology.volcano.sh/v1alpha1",
+                "kind": "HyperNode",
+                "metadata": {"name": name},
+                "spec": {
+                    "tier": 1,
+                    "members": [
+                        {"type": "Node", "selector": {"regexMatch": {"pattern": "gpu-(a"}}}
+                    ],
+                },
+            },
+            dry_run="All",
+        ),
+    }
