@@ -74,6 +74,24 @@ def test_binaries_present_names_the_missing_binary_and_the_build_command(
 
 
 @pytest.mark.parametrize(
+    ("ci", "outcome"),
+    [
+        ("", pytest.skip.Exception),
+        ("false", pytest.skip.Exception),
+        ("true", pytest.fail.Exception),
+    ],
+    ids=["local", "ci-false", "ci"],
+)
+def test_missing_binaries_skip_locally_and_fail_under_ci(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ci: str, outcome: type[BaseException]
+) -> None:
+    monkeypatch.setenv("TIDE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="make cluster-deps"):
+        require_control_plane_binaries()
+
+
+@pytest.mark.parametrize(
     ("event", "expected"),
     [
         (
