@@ -36,7 +36,7 @@ from tests.cluster.controlplane import (
     parse_audit_event,
     volcano_job_body,
 )
-from tests.cluster.volcano_objects import REPO_ROOT
+from tests.cluster.volcano_objects import REPO_ROOT, volcano_documents
 
 
 def unique(prefix: str) -> str:
@@ -317,10 +317,10 @@ def test_every_volcano_crd_is_established_and_a_job_in_an_open_queue_is_stored(
 ) -> None:
     expected = {
         doc["metadata"]["name"]
-        for path in VOLCANO_CRDS_DIR.glob("*.yaml")
-        for doc in yaml.safe_load_all(path.read_text())
-        if doc and doc.get("kind") == "CustomResourceDefinition"
+        for doc in volcano_documents(VOLCANO_CRDS_DIR)
+        if doc["kind"] == "CustomResourceDefinition"
     }
+    assert len(expected) == len(list(VOLCANO_CRDS_DIR.glob("*.yaml")))
     assert "jobs.batch.volcano.sh" in expected and "queues.scheduling.volcano.sh" in expected
     queue = unique("q")
     with control_plane.api_client() as api:
