@@ -48,6 +48,7 @@ from typing import Any
 import yaml
 
 from tests.cluster.audit import AUDIT_POLICY, AuditLogReader, AuditRequest, parse_audit_event
+from tests.cluster.components import KWOK_ENV, apiserver_argv, etcd_argv, kwok_argv
 from tests.cluster.pki import kubeconfig_text, write_pki
 from tests.cluster.processes import (
     ControlPlaneError,
@@ -57,7 +58,6 @@ from tests.cluster.processes import (
     wait_until,
 )
 from tests.cluster.volcano_objects import (
-    FAKE_NODE_ANNOTATION,
     GPU_RESOURCE,
     JOB_GROUP,
     JOB_VERSION,
@@ -67,10 +67,9 @@ from tests.cluster.volcano_objects import (
     SHARED_DIR,
     VOLCANO_CRDS_DIR,
     gpu_node_body,
+    install_volcano,
     kwok_stages_config,
-    policy_probes,
     queue_body,
-    volcano_documents,
     volcano_job_body,
 )
 
@@ -240,6 +239,9 @@ class ControlPlane:
             ControlPlaneError: a binary is missing, or a component did not become ready within
                 its bound (the message carries the end of its log). Everything started so far is
                 stopped before the error propagates.
+
+        The components die with the thread that started them (``PR_SET_PDEATHSIG``): start a
+        plane from the main thread, or from a thread that outlives its use.
         """
         ok, why = binaries_present()
         if not ok:
@@ -313,19 +315,9 @@ class ControlPlane:
         peer_url = f"http://127.0.0.1:{peer_port}"
         etcd = self._spawn(
             "etcd",
-            [
-                str(binary_paths()["etcd"]),
-                "--name=tide-test",
-                f"--data-dir={data_dir}",
-                f"--listen-client-urls={client_url}",
-                f"--advertise-client-urls={client_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=tide-test={peer_url}",
-                "--unsafe-no-fsync",
-                "--logger=zap",
-                "--log-level=warn",
-            ],
+            etcd_argv(
+                binary_paths()["etcd"], data_dir=data_dir, client_url=client_url, peer_url=peer_url
+            ),
         )
         self._etcd_url = client_url
 
@@ -354,34 +346,15 @@ class ControlPlane:
         self._apiserver_port = free_port()
         apiserver = self._spawn(
             "kube-apiserver",
-            [
-                str(binary_paths()["kube-apiserver"]),
-                f"--etcd-servers={self._etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={self._apiserver_port}",
-                f"--cert-dir={self._workdir / 'pki'}",
-                f"--tls-cert-file={self._pki['serving_cert']}",
-                f"--tls-private-key-file={self._pki['serving_key']}",
-                f"--client-ca-file={self._pki['ca']}",
-                f"--token-auth-file={tokens}",
-                "--authorization-mode=RBAC",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={self._pki['sa_pub']}",
-                f"--service-account-signing-key-file={self._pki['sa_key']}",
-                "--service-cluster-ip-range=10.0.0.0/24",
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-                "--allow-privileged=true",
-                f"--audit-policy-file={audit_policy}",
-                f"--audit-log-path={self._audit_log}",
-                "--audit-log-mode=blocking",
-                "--audit-log-maxbackup=0",
-                "--profiling=false",
-                # etcd 3.4.23 lacks the watch progress requests that streaming lists need; without
-                # the gate the server answers client-go's streaming-list watches with an error
-                # again and again (clients then see new objects late).
-                "--feature-gates=WatchList=false",
-            ],
+            apiserver_argv(
+                binary_paths()["kube-apiserver"],
+                etcd_url=self._etcd_url,
+                port=self._apiserver_port,
+                pki=self._pki,
+                token_file=tokens,
+                audit_policy=audit_policy,
+                audit_log=self._audit_log,
+            ),
         )
         self._write_kubeconfig(self._kubeconfig, self._admin_token, user=ADMIN_USER)
         context = ssl.create_default_context(cafile=str(self._pki["ca"]))
@@ -410,87 +383,18 @@ class ControlPlane:
             self._version = str(json.load(response)["gitVersion"])
 
     def _install_volcano(self) -> None:
-        from kubernetes import client, utils
-
-        docs = volcano_documents()
         with self.api_client() as api:
-            for doc in docs:
-                try:
-                    utils.create_from_dict(api, doc)
-                except utils.FailToCreateError as e:
-                    raise ControlPlaneError(
-                        f"creating {doc['kind']} {doc['metadata']['name']}: {e}"
-                    ) from e
-            crds = [d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"]
-            extensions = client.ApiextensionsV1Api(api)
-
-            def established() -> bool:
-                listed = extensions.list_custom_resource_definition()
-                ok = {
-                    item.metadata.name
-                    for item in listed.items
-                    if any(
-                        c.type == "Established" and c.status == "True"
-                        for c in (item.status.conditions or ())
-                        if item.status
-                    )
-                }
-                return all(name in ok for name in crds)
-
-            wait_until(
-                f"Volcano CRDs Established ({', '.join(crds)})",
-                established,
-                timeout_s=CRDS_ESTABLISHED_S,
+            install_volcano(
+                api, established_s=CRDS_ESTABLISHED_S, policies_in_force_s=POLICIES_IN_FORCE_S
             )
-            policies = [
-                d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"
-            ]
-            self._wait_policies_in_force(api, policies)
-
-    def _wait_policies_in_force(self, api: Any, policies: Sequence[str]) -> None:
-        """Waits until each policy that has a probe refuses it (HTTP 422 naming the policy)."""
-        from kubernetes.client.exceptions import ApiException
-
-        probes = policy_probes(
-            api, name=f"policy-probe-{uuid.uuid4().hex[:6]}", namespace="default"
-        )
-        for policy in policies:
-            probe = probes.get(policy)
-            if probe is None:
-                continue  # it refuses nothing (the podgroup policy allows every PodGroup)
-
-            def refused(probe: Callable[[], Any] = probe, policy: str = policy) -> bool:
-                try:
-                    probe()
-                except ApiException as e:
-                    if e.status == 422 and policy in str(e.body):
-                        return True
-                    if e.status == 422:
-                        raise ControlPlaneError(
-                            f"the probe of {policy} was refused by something else: {e.body}"
-                        ) from e
-                    return False
-                return False  # accepted: the policy is not in force yet
-
-            wait_until(f"{policy} in force", refused, timeout_s=POLICIES_IN_FORCE_S, interval_s=0.3)
 
     def _start_kwok(self) -> None:
         config = self._workdir / "kwok.yaml"
         config.write_text(kwok_stages_config())
         self._spawn(
             "kwok",
-            [
-                str(binary_paths()["kwok"]),
-                f"--kubeconfig={self._kubeconfig}",
-                f"--config={config}",
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
-                "--node-lease-duration-seconds=40",
-                "--cidr=10.244.0.1/16",
-            ],
-            # client-go's streaming list needs etcd watch progress requests (etcd >= 3.4.31);
-            # plain LIST + WATCH works with Debian's 3.4.23.
-            env={"KUBE_FEATURE_WatchListClient": "false"},
+            kwok_argv(binary_paths()["kwok"], kubeconfig=self._kubeconfig, config=config),
+            env=KWOK_ENV,
         )
 
     # -- clients --------------------------------------------------------------------------------

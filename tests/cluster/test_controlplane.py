@@ -36,7 +36,7 @@ from tests.cluster.controlplane import (
     parse_audit_event,
     volcano_job_body,
 )
-from tests.cluster.volcano_objects import REPO_ROOT
+from tests.cluster.volcano_objects import REPO_ROOT, volcano_documents
 
 
 def unique(prefix: str) -> str:
@@ -71,6 +71,24 @@ def test_binaries_present_names_the_missing_binary_and_the_build_command(
     assert f"kube-apiserver ({tmp_path}" in why
     assert "kwok (" in why
     assert "make cluster-deps" in why
+
+
+@pytest.mark.parametrize(
+    ("ci", "outcome"),
+    [
+        ("", pytest.skip.Exception),
+        ("false", pytest.skip.Exception),
+        ("true", pytest.fail.Exception),
+    ],
+    ids=["local", "ci-false", "ci"],
+)
+def test_missing_binaries_skip_locally_and_fail_under_ci(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ci: str, outcome: type[BaseException]
+) -> None:
+    monkeypatch.setenv("TIDE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="make cluster-deps"):
+        require_control_plane_binaries()
 
 
 @pytest.mark.parametrize(
@@ -299,10 +317,10 @@ def test_every_volcano_crd_is_established_and_a_job_in_an_open_queue_is_stored(
 ) -> None:
     expected = {
         doc["metadata"]["name"]
-        for path in VOLCANO_CRDS_DIR.glob("*.yaml")
-        for doc in yaml.safe_load_all(path.read_text())
-        if doc and doc.get("kind") == "CustomResourceDefinition"
+        for doc in volcano_documents(VOLCANO_CRDS_DIR)
+        if doc["kind"] == "CustomResourceDefinition"
     }
+    assert len(expected) == len(list(VOLCANO_CRDS_DIR.glob("*.yaml")))
     assert "jobs.batch.volcano.sh" in expected and "queues.scheduling.volcano.sh" in expected
     queue = unique("q")
     with control_plane.api_client() as api:

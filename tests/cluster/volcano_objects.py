@@ -8,19 +8,23 @@ refuse, which tells when a policy is in force.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from tests.cluster.processes import ControlPlaneError
+from tests.cluster.processes import ControlPlaneError, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # The shared ground truth sits beside the checkout (../shared), as CI lays it out.
 SHARED_DIR = REPO_ROOT.parent / "shared"
 VOLCANO_CRDS_DIR = SHARED_DIR / "volcano-crds"
 KWOK_STAGES_DIR = SHARED_DIR / "kwok-stages"
+
+# libyaml's loader when PyYAML has it: the CRD files are 1 s of pure-Python parsing.
+_SAFE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 GPU_RESOURCE = "nvidia.com/gpu"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -50,7 +54,7 @@ def volcano_documents(folder: Path = VOLCANO_CRDS_DIR) -> list[dict[str, Any]]:
         raise ControlPlaneError(f"{folder / 'admission-policies'}: no policy files (*.yaml)")
     docs: list[dict[str, Any]] = []
     for path in (*crd_files, *policy_files):
-        for doc in yaml.safe_load_all(path.read_text()):
+        for doc in yaml.load_all(path.read_text(), Loader=_SAFE_LOADER):
             if doc is None:
                 continue
             if not isinstance(doc, dict) or "kind" not in doc or "metadata" not in doc:
@@ -251,3 +255,75 @@ def policy_probes(api: Any, *, name: str, namespace: str) -> dict[str, Callable[
             dry_run="All",
         ),
     }
+
+
+def install_volcano(api: Any, *, established_s: float, policies_in_force_s: float) -> None:
+    """Creates Volcano's CRDs, policies and bindings; returns when all are in force.
+
+    Args:
+        api: an admin ``kubernetes.client.ApiClient``.
+        established_s: how long the CRDs may take to be ``Established``.
+        policies_in_force_s: how long each policy may take to refuse its probe.
+
+    Raises:
+        ControlPlaneError: a create failed, or a bound passed.
+    """
+    from kubernetes import client, utils
+
+    docs = volcano_documents()
+    for doc in docs:
+        try:
+            utils.create_from_dict(api, doc)
+        except utils.FailToCreateError as e:
+            raise ControlPlaneError(f"creating {doc['kind']} {doc['metadata']['name']}: {e}") from e
+    crds = [d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"]
+    extensions = client.ApiextensionsV1Api(api)
+
+    def established() -> bool:
+        ok = {
+            item.metadata.name
+            for item in extensions.list_custom_resource_definition().items
+            if item.metadata
+            and item.status
+            and any(
+                c.type == "Established" and c.status == "True" for c in item.status.conditions or ()
+            )
+        }
+        return all(name in ok for name in crds)
+
+    wait_until(
+        f"Volcano CRDs Established ({', '.join(crds)})", established, timeout_s=established_s
+    )
+    policies = [d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    wait_policies_in_force(api, policies, timeout_s=policies_in_force_s)
+
+
+def wait_policies_in_force(api: Any, policies: list[str], *, timeout_s: float) -> None:
+    """Waits until each policy that has a probe refuses it (HTTP 422 naming the policy).
+
+    Raises:
+        ControlPlaneError: a probe was refused by something other than its policy (the probe is
+            wrong), or a policy was not in force within ``timeout_s``.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    probes = policy_probes(api, name=f"policy-probe-{uuid.uuid4().hex[:6]}", namespace="default")
+    for policy in policies:
+        probe = probes.get(policy)
+        if probe is None:
+            continue  # it refuses nothing (the podgroup policy allows every PodGroup)
+
+        def refused(probe: Callable[[], Any] = probe, policy: str = policy) -> bool:
+            try:
+                probe()
+            except ApiException as e:
+                if e.status == 422 and policy in str(e.body):
+                    return True
+                if e.status == 422:
+                    raise ControlPlaneError(
+                        f"the probe of {policy} was refused by something else: {e.body}"
+                    ) from e
+                return False
+            return False  # accepted: the policy is not in force yet
+
+        wait_until(f"{policy} in force", refused, timeout_s=timeout_s, interval_s=0.3)
