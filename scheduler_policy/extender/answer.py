@@ -23,6 +23,7 @@ Volcano places the gang in a following session. The rules (DESIGN.md, "Graceful 
 from __future__ import annotations
 
 import enum
+import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ DEFAULT_GRACE_MARGIN_S = 15.0
 
 ABSTAIN = 0
 AGREE = 1
+_NAMED = 5
+"""Pods an answer's message names; the rest are counted."""
 
 
 class AnswerReason(str, enum.Enum):
@@ -157,6 +160,13 @@ class Answer:
             return {"status": ABSTAIN}
         return {"status": self.status, "victims": [task.raw for task in self.victims]}
 
+    def body_bytes(self) -> bytes:
+        """``body()`` as JSON, each victim's text echoed exactly as Volcano sent it."""
+        if self.status == ABSTAIN:
+            return json.dumps(self.body(), separators=(",", ":")).encode()
+        victims = ",".join(task.text for task in self.victims)
+        return f'{{"status":{self.status},"victims":[{victims}]}}'.encode()
+
 
 class Extender:
     """Answers Volcano's eviction verbs from the latest view; thread-safe.
@@ -257,7 +267,9 @@ class Extender:
                     f"the grace window of {expired} pod(s) tide is shrinking is over",
                 )
             return _abstain(AnswerReason.NOTHING_TO_WITHHOLD, "no evictee is tide's to withhold")
-        names = ", ".join(task.name for task in withheld)
+        names = ", ".join(task.name for task in withheld[:_NAMED])
+        if len(withheld) > _NAMED:
+            names += f" and {len(withheld) - _NAMED} more"
         return Answer(
             status=AGREE,
             victims=tuple(victims),

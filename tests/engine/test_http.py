@@ -132,8 +132,9 @@ def test_the_answer_that_withholds_is_logged_once(
         served.post_json("/extender/preemptable", encode(recorded_body()))
     lines = [r.getMessage() for r in caplog.records if "withheld" in r.getMessage()]
     assert lines == [
-        "extender preemptable: WithholdForShrink: withheld 3 of 5 evictees"
-        " (default/elastic-worker-10, default/elastic-worker-12, default/elastic-worker-17)"
+        "extender preemptable: WithholdForShrink: withheld 3 of 5 evictees: tide withholds"
+        " elastic-worker-10, elastic-worker-12, elastic-worker-17: its own shrink deletes them"
+        " gracefully"
     ]
 
 

@@ -227,16 +227,16 @@ class EngineHttp:
             return _json(200, {"status": 0})
         if answer.withheld:
             self._withheld(verb, answer, total=len(eviction.evictees))
-        return _json(200, answer.body())
+        return web.Response(body=answer.body_bytes(), content_type="application/json")
 
     def _withheld(self, verb: str, answer: Answer, *, total: int) -> None:
         logger.info(
-            "extender %s: %s: withheld %d of %d evictees (%s)",
+            "extender %s: %s: withheld %d of %d evictees: %s",
             verb,
             answer.reason.value,
             len(answer.withheld),
             total,
-            ", ".join(f"{t.namespace}/{t.name}" for t in answer.withheld),
+            answer.message,
         )
         try:
             self._on_withheld()

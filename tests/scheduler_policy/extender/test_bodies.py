@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from scheduler_policy.extender import BodyError, parse_eviction
 from scheduler_policy.extender.bodies import DEFAULT_GRACE_PERIOD_S
+from scheduler_policy.extender.scan import decode_body
 from tests.scheduler_policy.extender.recorded import (
     ELASTIC,
     RECORDED_INDICES,
@@ -365,3 +366,66 @@ def test_any_field_of_the_recorded_body_replaced_is_read_or_refused(
     position: int, key: str, value: Any
 ) -> None:
     _parses_or_refuses(_body_with(("evictees", position, key), value))
+
+
+# The walk that keeps each evictee's text decodes as json.loads does.
+
+finite_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=6), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+documents = st.dictionaries(
+    st.sampled_from(["evictees", "evictor", "other"]) | st.text(max_size=4),
+    finite_json | st.lists(finite_json, max_size=3),
+    max_size=4,
+)
+
+
+@settings(max_examples=200)
+@given(documents, st.sampled_from([None, 2]), st.sampled_from([(",", ":"), (" , ", " : ")]))
+def test_the_walk_decodes_as_json_loads_and_keeps_each_evictee_text(
+    document: dict[str, Any], indent: int | None, separators: tuple[str, str]
+) -> None:
+    text = json.dumps(document, indent=indent, separators=separators)
+
+    decoded, texts = decode_body(text)
+
+    assert decoded == json.loads(text)
+    if isinstance(document.get("evictees"), list):
+        assert texts is not None
+        assert [json.loads(t) for t in texts] == document["evictees"]
+    else:
+        assert texts is None
+
+
+WALK_REFUSALS = [
+    ("ends after the key", '{"evictees"'),
+    ("ends inside the list", '{"evictees": [1, '),
+    ("no colon", '{"evictees" []}'),
+    ("no comma between keys", '{"a": 1 "b": 2}'),
+    ("no comma in the list", '{"evictees": [1 2]}'),
+    ("a bare key", "{evictees: []}"),
+    ("extra data", '{"evictees": []} []'),
+    ("trailing comma", '{"evictees": [],}'),
+]
+
+
+@pytest.mark.parametrize("text", [w[1] for w in WALK_REFUSALS], ids=[w[0] for w in WALK_REFUSALS])
+def test_the_walk_refuses_what_json_loads_refuses(text: str) -> None:
+    with pytest.raises(ValueError):
+        json.loads(text)
+    with pytest.raises(ValueError):
+        decode_body(text)
+    with pytest.raises(BodyError, match="body is not JSON"):
+        parse_eviction(text.encode())
+
+
+@needs_wire
+def test_victims_echo_the_exact_text_volcano_sent() -> None:
+    spaced = json.dumps(recorded_body(), indent=1)  # whatever the spacing, it is kept
+    request = parse_eviction(spaced.encode())
+    assert [t.raw for t in request.evictees] == recorded_body()["evictees"]
+    assert all(t.text.startswith("{\n") and t.text in spaced for t in request.evictees)

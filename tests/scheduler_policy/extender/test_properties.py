@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -48,7 +50,7 @@ def evictees(draw: st.DrawFn) -> tuple[Task, ...]:
                 job=draw(st.sampled_from([*KEYS, None])),
                 task_index=draw(st.integers(0, 8) | st.none()),
                 grace_period_s=draw(st.sampled_from([0.0, 5.0, 30.0])),
-                raw={"UID": f"uid-{i}"},
+                text=json.dumps({"UID": f"uid-{i}"}),
             )
         )
     return tuple(tasks)
@@ -82,8 +84,10 @@ def test_answers_keep_volcanos_victims_and_withhold_only_tides_pods(
             kept = [t for t in tasks if t not in answer.withheld]
             assert list(answer.victims) == kept
             assert answer.body()["victims"] == [t.raw for t in kept]
+            assert json.loads(answer.body_bytes()) == answer.body()
         else:
             assert answer.body() == {"status": 0}
+            assert answer.body_bytes() == b'{"status":0}'
         for task in answer.withheld:
             assert task.job is not None and task.task_index is not None
             job = view.jobs[task.job]
