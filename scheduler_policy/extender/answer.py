@@ -183,16 +183,28 @@ class Extender:
     def __init__(
         self, *, stale_after_s: float, grace_margin_s: float = DEFAULT_GRACE_MARGIN_S
     ) -> None:
-        if not stale_after_s > 0 or stale_after_s == float("inf"):
-            raise ValueError(f"stale_after_s: must be a finite number > 0, got {stale_after_s}")
         if not grace_margin_s >= 0 or grace_margin_s == float("inf"):
             raise ValueError(f"grace_margin_s: must be a finite number >= 0, got {grace_margin_s}")
-        self.stale_after_s = stale_after_s
+        self._stale_after_s = _check_bound(stale_after_s)
         self.grace_margin_s = grace_margin_s
         self._lock = threading.Lock()
         self._view: ExtenderView | None = None
         # pod UID -> (its job, when it was first withheld, seconds since the epoch)
         self._first_withheld_s: dict[str, tuple[JobKey, float]] = {}
+
+    @property
+    def stale_after_s(self) -> float:
+        """A view older than this is not trusted, seconds."""
+        return self._stale_after_s
+
+    @stale_after_s.setter
+    def stale_after_s(self, value: float) -> None:
+        """Change the bound (the policy's interval changed).
+
+        Raises:
+            ValueError: not a finite number > 0.
+        """
+        self._stale_after_s = _check_bound(value)
 
     @property
     def view(self) -> ExtenderView | None:
@@ -293,6 +305,12 @@ def _shrinking_job_of(task: Task, view: ExtenderView) -> ShrinkingJob | None:
     if task.task_index < job.target_replicas or task.task_index < job.min_replicas:
         return None
     return job
+
+
+def _check_bound(stale_after_s: float) -> float:
+    if not stale_after_s > 0 or stale_after_s == float("inf"):
+        raise ValueError(f"stale_after_s: must be a finite number > 0, got {stale_after_s}")
+    return stale_after_s
 
 
 def _abstain(reason: AnswerReason, message: str) -> Answer:

@@ -20,6 +20,7 @@ from tests.scheduler_policy.extender.recorded import (
     NOW_S,
     encode,
     make_view,
+    many_evictees,
     needs_wire,
     recorded_body,
 )
@@ -321,3 +322,29 @@ def test_the_extender_answers_within_volcanos_timeout_while_the_engine_computes(
         stop.set()
         engine.join(TIMEOUT_S)
     assert max(round_trips_s) < 1.0, round_trips_s
+
+
+@needs_wire
+def test_probes_are_answered_while_a_large_body_is_read(served: Served) -> None:
+    served.engine.extender.update(make_view(target=500))
+    raw = encode(many_evictees(1000))  # 5 MB: a while to read
+    done = threading.Event()
+    posted: list[float] = []
+
+    def post() -> None:
+        started = time.perf_counter()
+        assert served.post_json("/extender/reclaimable", raw)[0] == 200
+        posted.append(time.perf_counter() - started)
+        done.set()
+
+    poster = threading.Thread(target=post)
+    poster.start()
+    probes_s: list[float] = []
+    while not done.is_set() and len(probes_s) < 1000:
+        started = time.perf_counter()
+        assert served.get("/healthz")[0] == 200
+        probes_s.append(time.perf_counter() - started)
+    poster.join(TIMEOUT_S)
+    assert posted, "the large body was not answered"
+    # Each probe waited a small part of the answer, not all of it.
+    assert len(probes_s) >= 3 and max(probes_s) < posted[0] / 2, (probes_s, posted)

@@ -189,6 +189,23 @@ def test_bad_bounds_are_refused(stale_after_s: float, margin_s: float, message: 
         Extender(stale_after_s=stale_after_s, grace_margin_s=margin_s)
 
 
+@needs_wire
+def test_the_staleness_bound_follows_the_policy_interval() -> None:
+    extender = Extender(stale_after_s=STALE_AFTER_S)
+    extender.update(make_view())
+    request = parse_eviction(encode(recorded_body()))
+    assert extender.answer(request, verb="reclaimable", now_s=NOW_S + 60).status == 1
+
+    extender.stale_after_s = 30.0  # the interval went from 30 s to 10 s
+
+    assert extender.answer(request, verb="reclaimable", now_s=NOW_S + 60).reason is (
+        AnswerReason.PLAN_STALE
+    )
+    with pytest.raises(ValueError, match="stale_after_s: must be a finite number > 0, got -1"):
+        extender.stale_after_s = -1
+    assert extender.stale_after_s == 30.0
+
+
 # The grace window: a pod's terminationGracePeriodSeconds (30 s in the recording) plus the margin
 # (15 s by default), from the first time it was withheld.
 
