@@ -154,8 +154,12 @@ class Answer:
     message: str = field(default="", compare=False)
 
     def body(self) -> dict[str, Any]:
-        """The JSON reply Volcano reads: ``{"status": 0}``, or ``{"status": 1, "victims": [...]}``
-        with each victim the TaskInfo object Volcano sent."""
+        """The JSON reply Volcano reads, as a dict.
+
+        Returns:
+            ``{"status": 0}``, or ``{"status": 1, "victims": [...]}`` with each victim the
+            TaskInfo object Volcano sent.
+        """
         if self.status == ABSTAIN:
             return {"status": ABSTAIN}
         return {"status": self.status, "victims": [task.raw for task in self.victims]}
