@@ -218,6 +218,33 @@ def kustomize_build(path: Path = BASE) -> list[dict[str, Any]]:
     return parse_objects(run_tool([kustomize, "build", path]), source=f"kustomize build {path}")
 
 
+def kustomize_overlay(
+    folder: Path, *, namespace: str, name_prefix: str = ""
+) -> list[dict[str, Any]]:
+    """The base as an overlay in ``folder`` renders it: in ``namespace``, names prefixed.
+
+    Args:
+        folder: an empty folder for the overlay's kustomization.yaml.
+        namespace: the overlay's ``namespace``.
+        name_prefix: its ``namePrefix`` ("" for none).
+
+    Returns:
+        The rendered objects.
+    """
+    kustomization: dict[str, Any] = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        # kustomize takes a relative path to another kustomization only, never an absolute one.
+        "resources": [os.path.relpath(BASE, folder)],
+        "namespace": namespace,
+    }
+    if name_prefix:
+        kustomization["namePrefix"] = name_prefix
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "kustomization.yaml").write_text(json.dumps(kustomization, indent=2))
+    return kustomize_build(folder)
+
+
 def one(objects: Sequence[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
     """The only object of ``kind`` (and ``name``, when given).
 

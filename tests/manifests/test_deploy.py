@@ -21,6 +21,7 @@ from tests.manifests.render import (
     helm_notes,
     helm_template,
     kustomize_build,
+    kustomize_overlay,
     one,
 )
 
@@ -475,6 +476,22 @@ def test_chart_and_base_render_the_same_objects(tmp_path: Path) -> None:
             continue
         assert chart[key] == base[key], f"{key} differs between chart and base"
     assert one(base_objects, "Namespace")["metadata"]["name"] == "tide-system"
+
+
+def test_an_overlay_moves_every_reference_with_the_names(tmp_path: Path) -> None:
+    objects = kustomize_overlay(tmp_path / "overlay", namespace="gpu-ops", name_prefix="ml-")
+    account = one(objects, "ServiceAccount")["metadata"]
+    assert account == {**account, "name": "ml-tide-engine", "namespace": "gpu-ops"}
+    subject = {"kind": "ServiceAccount", "name": "ml-tide-engine", "namespace": "gpu-ops"}
+    for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        binding = one(objects, kind)
+        assert binding["subjects"] == [subject], f"{kind} binds {binding['subjects']}"
+        assert binding["roleRef"]["name"] == one(objects, role_kind)["metadata"]["name"]
+    pod = _pod_spec(objects)
+    assert pod["serviceAccountName"] == "ml-tide-engine"
+    [policy] = [v for v in pod["volumes"] if "configMap" in v]
+    assert policy["configMap"]["name"] == one(objects, "ConfigMap")["metadata"]["name"]
+    assert one(objects, "Namespace")["metadata"]["name"] == "gpu-ops"
 
 
 def test_the_base_policy_is_the_shipped_research_and_production_policy() -> None:
