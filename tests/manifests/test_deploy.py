@@ -333,9 +333,10 @@ def test_non_default_values_reach_the_objects(tmp_path: Path) -> None:
     ]
 
 
-def test_no_prometheus_url_passes_no_flag(tmp_path: Path) -> None:
-    objects = helm_template(values={"prometheus": {"url": ""}}, workdir=tmp_path)
-    assert "--prometheus" not in _flags(_engine(objects))
+def test_an_empty_prometheus_url_is_refused_naming_the_value(tmp_path: Path) -> None:
+    # The engine cannot run without Prometheus: the chart says so at install, not the pod later.
+    with pytest.raises(RuntimeError, match=r"prometheus\.url: the engine reads throughput"):
+        helm_template(values={"prometheus": {"url": ""}}, workdir=tmp_path)
 
 
 @pytest.mark.parametrize(
