@@ -4,7 +4,10 @@ and ship the Volcano scheduler configuration tide is tested with."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -530,3 +533,43 @@ def test_engine_image_installs_tide_without_extras_and_runs_as_the_pods_user(
     assert user == f"{pod['runAsUser']}:{pod['runAsGroup']}"
     [entrypoint] = [line for line in instructions if line.startswith("ENTRYPOINT")]
     assert entrypoint == 'ENTRYPOINT ["tide"]'
+
+
+# Run in a fresh interpreter in which torch and matplotlib cannot be imported, as in the image.
+WITHOUT_EXTRAS = """
+import importlib, importlib.abc, pkgutil, sys
+class NotInTheImage(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("torch", "matplotlib"):
+            raise ImportError(f"{name} is not in the engine image")
+sys.meta_path.insert(0, NotInTheImage())
+# simulations.plots is the `plots` extra itself: the CLI loads it only to draw. tide.__main__
+# runs the CLI when imported.
+skip = {"simulations.plots", "tide.__main__"}
+for package in ("scheduler_policy", "metrics_collector", "simulations", "tide"):
+    root = importlib.import_module(package)
+    for module in pkgutil.walk_packages(root.__path__, package + "."):
+        if module.name not in skip:
+            importlib.import_module(module.name)
+from typer.testing import CliRunner
+from tide.cli import app
+commands = [c.name or c.callback.__name__ for c in app.registered_commands]
+for args in [["--help"], *([name, "--help"] for name in commands)]:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, (args, result.output, result.exception)
+print(len(commands), "commands")
+"""
+
+
+def test_the_images_packages_and_cli_work_without_torch_or_matplotlib() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_EXTRAS],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    assert int(done.stdout.split()[0]) > 0, done.stdout
