@@ -108,7 +108,10 @@ def test_servicemonitor_names_the_engine_service() -> None:
     monitor = yaml.safe_load((MONITORING / "servicemonitor.yaml").read_text())
     assert monitor["kind"] == "ServiceMonitor"
     assert monitor["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "tide-engine"}
-    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    service = yaml.safe_load((MONITORING.parent / "deploy" / "service.yaml").read_text())
+    assert service["metadata"]["labels"]["app.kubernetes.io/name"] == "tide-engine"
+    ports = [p["name"] for p in service["spec"]["ports"]]
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ports == ["http"]
 
 
 def test_dashboard_panels_have_titles_datasources_and_queries() -> None:
