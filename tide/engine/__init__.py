@@ -1,1 +1,1 @@
-"""The ``tide engine`` service: the reconcile loop, its HTTP server and leader election."""
+"""``tide engine``: the long-running service (the reconcile loop) and its HTTP server."""
