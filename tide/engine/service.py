@@ -11,7 +11,8 @@ gang appeared, the extender withheld a pod, this engine became the leader), neve
 ``stop`` wakes it at once.
 
 Logs: one JSON line per decision (logger ``tide.engine.decisions``) and one per round (logger
-``tide.engine.rounds``), at INFO.
+``tide.engine.rounds``), at INFO; each record also carries its fields as a dict in the
+attribute ``tide``, which ``tide engine``'s JSON log formatter merges into the line.
 """
 
 from __future__ import annotations
@@ -338,7 +339,7 @@ class EngineService:
         result = outcome.result
         if decision_log.isEnabledFor(logging.INFO):
             for line in decision_lines(result):
-                decision_log.info("%s", json.dumps(line, sort_keys=True))
+                decision_log.info("%s", json.dumps(line, sort_keys=True), extra={"tide": line})
         if round_log.isEnabledFor(logging.INFO):
             record = {
                 "duration_s": round(outcome.duration_s, 6),
@@ -353,7 +354,7 @@ class EngineService:
                 "metrics_fresh": result.observation.metrics_fresh,
                 "policy": outcome.policy.name,
             }
-            round_log.info("%s", json.dumps(record, sort_keys=True))
+            round_log.info("%s", json.dumps(record, sort_keys=True), extra={"tide": record})
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -425,6 +426,13 @@ class EngineService:
             logger.warning("the round under way did not finish in %.0f s: abandoned", timeout_s)
             return False
         return True
+
+    def close(self) -> None:
+        """Release the metrics source (its connections and threads); call after ``stop``."""
+        source, self._metrics, self._metrics_for = self._metrics, None, None
+        close = getattr(source, "close", None)
+        if callable(close):
+            close()
 
     @property
     def running(self) -> bool:

@@ -1,0 +1,421 @@
+"""``tide engine``: the deployed engine, a thin typer command over ``run_once`` and ``serve``.
+
+``serve`` wires the parts together: the policy file (``PolicyWatcher``), the Prometheus
+source, the Volcano client (``Link``), the Lease elector, the extender and the HTTP server, and
+the loop (``EngineService``). It returns 0 after a clean stop (SIGTERM or SIGINT: the round
+under way finishes or is abandoned, the Lease is released, the server and the watches stop).
+``run_once`` runs one round. Both raise ``EngineFailure`` with the reason when they cannot
+run; the command prints it and exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import socket
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Protocol
+
+from prometheus_client.registry import CollectorRegistry
+
+from metrics_collector.engine_metrics import EngineMetrics
+from metrics_collector.prometheus import PrometheusConnection, PrometheusSource
+from scheduler_policy.extender import Extender, ExtenderView
+from scheduler_policy.policy.file import load_policy
+from scheduler_policy.policy.spec import ElasticPolicy
+from scheduler_policy.vocabulary.errors import TideError
+from scheduler_policy.vocabulary.protocols import ClusterClient, MetricsSource
+from tide.engine.service import Alone, EngineService, Round
+
+if TYPE_CHECKING:
+    from scheduler_policy.adapters.leader import LeaseApi, LeaseElector
+
+# The Lease elector (kubernetes) and the HTTP server (aiohttp) are imported when the engine
+# runs, not when ``tide`` starts: every other command would pay seconds for them.
+
+logger = logging.getLogger(__name__)
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+SYNC_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+
+
+class EngineFailure(Exception):
+    """``tide engine`` cannot run (or its one round failed); the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """What ``tide engine`` was asked for.
+
+    Attributes:
+        policy_path: the ElasticPolicy file.
+        kubeconfig: a kubeconfig file; None for the in-cluster service account.
+        prometheus_url: Prometheus' URL; None when the command line gives none.
+        host: the address the HTTP server binds.
+        port: its port (0 picks a free one).
+        dry_run: decide and log, never write (and hold no Lease).
+        once: one reconcile, then exit.
+        lease_namespace: the leader Lease's namespace.
+        lease_name: the leader Lease's name.
+        namespace: the namespace whose Jobs are managed; None for all.
+        identity: this engine's identity in the Lease.
+    """
+
+    policy_path: Path
+    kubeconfig: Path | None = None
+    prometheus_url: str | None = None
+    host: str = "0.0.0.0"
+    port: int = 8080
+    dry_run: bool = False
+    once: bool = False
+    lease_namespace: str = "default"
+    lease_name: str = "tide-engine"
+    namespace: str | None = None
+    identity: str = ""
+
+
+class Link(Protocol):
+    """The engine's connection to the API server: the cluster client and the Lease."""
+
+    @property
+    def cluster(self) -> ClusterClient:
+        """Queues, jobs and writes."""
+        ...
+
+    def lease_api(self, *, namespace: str, name: str) -> LeaseApi:
+        """The leader Lease ``namespace/name`` over the same connection."""
+        ...
+
+    def sync(self, *, timeout_s: float) -> None:
+        """Start watching (long-running) or probe the server once (``--once``).
+
+        Raises:
+            TideError: the server cannot be reached, or did not sync within ``timeout_s``.
+        """
+        ...
+
+    def on_change(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(why)`` when a pending gang appears (reconcile now)."""
+        ...
+
+    def stop(self) -> None:
+        """Stop the watches."""
+        ...
+
+
+def default_lease_namespace() -> str:
+    """The pod's own namespace when in a cluster, else ``default``."""
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def default_identity() -> str:
+    """The host (the pod's name in a cluster) and a random suffix: unique per process."""
+    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6) as a host and a port.
+
+    Raises:
+        ValueError: not HOST:PORT with a port in 0..65535; the message quotes the value.
+    """
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--listen: must be HOST:PORT with a port in 0..65535, got {value!r}")
+    return host, int(port)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, and a record's ``tide`` fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, tz=timezone.utc)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+        }
+        fields = getattr(record, "tide", None)
+        if isinstance(fields, dict):
+            line.update(fields)
+        else:
+            line["message"] = record.getMessage()
+        if record.exc_info:
+            line["error"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+class _StderrHandler(logging.Handler):
+    """Writes to whatever ``sys.stderr`` is at the time of each record."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
+@contextmanager
+def json_logging(level: int = logging.INFO) -> Iterator[None]:
+    """While inside, the root logger writes JSON lines to stderr at ``level``.
+
+    The engine is the application here, so it owns the root logger: the plain handler the
+    ``tide`` command installed is swapped out, and put back on the way out.
+    """
+    root = logging.getLogger()
+    plain = [h for h in root.handlers if type(h) is logging.StreamHandler]
+    handler = _StderrHandler()
+    handler.setFormatter(JsonFormatter())
+    previous = root.level
+    for h in plain:
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(level)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        for h in plain:
+            root.addHandler(h)
+        root.setLevel(previous)
+
+
+def _load(options: EngineOptions) -> ElasticPolicy:
+    try:
+        return load_policy(options.policy_path)
+    except TideError as e:
+        raise EngineFailure(f"policy invalid: {e}") from e
+
+
+MetricsFactory = Callable[[ElasticPolicy], MetricsSource]
+
+
+def _metrics_factory(options: EngineOptions, given: MetricsFactory | None) -> MetricsFactory:
+    if given is not None:
+        return given
+    if options.prometheus_url is None:
+        raise EngineFailure(
+            "no Prometheus to read throughput and queue use from: pass --prometheus URL "
+            "(or set TIDE_PROMETHEUS_URL)"
+        )
+    try:
+        connection = PrometheusConnection(url=options.prometheus_url)
+    except ValueError as e:
+        raise EngineFailure(f"--prometheus: {e}") from e
+
+    def make(policy: ElasticPolicy) -> MetricsSource:
+        return PrometheusSource(
+            connection=connection, settings=policy.metrics, interval_s=policy.interval_s
+        )
+
+    return make
+
+
+def _connect(options: EngineOptions, connect: Callable[[EngineOptions], Link]) -> Link:
+    try:
+        link = connect(options)
+        link.sync(timeout_s=SYNC_TIMEOUT_S)
+    except TideError as e:
+        raise EngineFailure(f"cluster unreachable: {e}") from e
+    return link
+
+
+def run_once(
+    options: EngineOptions,
+    *,
+    connect: Callable[[EngineOptions], Link],
+    metrics: MetricsFactory | None = None,
+    registry: CollectorRegistry | None = None,
+) -> Round:
+    """One reconcile: observe, decide, log, and (unless a dry run) write as the leader.
+
+    Args:
+        options: what was asked for (``once`` is implied).
+        connect: opens the connection to the API server.
+        metrics: builds the metrics source for a policy; None: Prometheus at
+            ``options.prometheus_url``.
+        registry: where the engine's metrics go; a fresh one when None.
+
+    Returns:
+        The round.
+
+    Raises:
+        EngineFailure: the policy is invalid, the cluster or Prometheus unreachable, another
+            engine holds the Lease, or a write failed; the message says which.
+    """
+    from scheduler_policy.adapters.leader import LeaseElector
+
+    _load(options)
+    make_metrics = _metrics_factory(options, metrics)
+    link = _connect(options, connect)
+    elector: LeaseElector | None = None
+    try:
+        if not options.dry_run:
+            elector = LeaseElector(
+                link.lease_api(namespace=options.lease_namespace, name=options.lease_name),
+                identity=options.identity or default_identity(),
+            )
+            try:
+                step = elector.try_once()
+            except TideError as e:
+                raise EngineFailure(f"cluster unreachable: the leader Lease: {e}") from e
+            if not elector.is_leader():
+                raise EngineFailure(
+                    f"another engine leads (Lease {options.lease_namespace}/"
+                    f"{options.lease_name}): {step.why}; use --dry-run to see its decisions"
+                )
+        service = EngineService(
+            cluster=link.cluster, make_metrics=make_metrics, policy_path=options.policy_path,
+            elector=elector, dry_run=options.dry_run,
+            engine_metrics=EngineMetrics(registry or CollectorRegistry()),
+        )  # fmt: skip
+        try:
+            outcome = service.run_round()
+        except TideError as e:
+            raise EngineFailure(f"cluster unreachable: {e}") from e
+        finally:
+            service.close()
+        if outcome.report is not None and not outcome.report.reachable:
+            first = outcome.report.problems[0] if outcome.report.problems else "no answer"
+            raise EngineFailure(f"Prometheus unreachable at {options.prometheus_url}: {first}")
+        if outcome.result.failed:
+            listing = "; ".join(f"{change.job}: {why}" for change, why in outcome.result.failed)
+            raise EngineFailure(f"{len(outcome.result.failed)} write(s) failed: {listing}")
+        return outcome
+    finally:
+        if elector is not None:
+            elector.release()
+        link.stop()
+
+
+@contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """While inside, SIGTERM and SIGINT set ``stop`` (main thread only); then restore."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        logger.info("received %s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def serve(
+    options: EngineOptions,
+    *,
+    connect: Callable[[EngineOptions], Link],
+    metrics: MetricsFactory | None = None,
+    stop: threading.Event | None = None,
+    registry: CollectorRegistry | None = None,
+    on_started: Callable[[EngineService, int], None] | None = None,
+) -> int:
+    """Run the engine until ``stop`` is set (SIGTERM or SIGINT set it).
+
+    Args:
+        options: what was asked for.
+        connect: opens the connection to the API server.
+        metrics: builds the metrics source for a policy; None: Prometheus at
+            ``options.prometheus_url``.
+        stop: ends the run when set; a new one when None.
+        registry: where the engine's metrics go (served at ``/metrics``).
+        on_started: called with the service and the HTTP port once everything runs.
+
+    Returns:
+        0 after a clean stop.
+
+    Raises:
+        EngineFailure: the engine could not start; the message says why.
+    """
+    from scheduler_policy.adapters.leader import LeaseElector
+    from tide.engine.http import EngineHttp
+
+    policy = _load(options)
+    make_metrics = _metrics_factory(options, metrics)
+    stop = stop if stop is not None else threading.Event()
+    registry = registry if registry is not None else CollectorRegistry()
+    engine_metrics = EngineMetrics(registry)
+    extender = Extender(stale_after_s=3 * policy.interval_s)
+    link = _connect(options, connect)
+    service: EngineService | None = None
+
+    def leadership(leader: bool) -> None:
+        engine_metrics.record_leader(leader)
+        if leader and service is not None:
+            service.trigger("this engine became the leader")
+
+    elector = None
+    if not options.dry_run:
+        elector = LeaseElector(
+            link.lease_api(namespace=options.lease_namespace, name=options.lease_name),
+            identity=options.identity or default_identity(),
+            on_change=leadership,
+        )
+
+    def after_round(outcome: Round) -> None:
+        extender.stale_after_s = 3 * outcome.policy.interval_s
+        plan, observation = outcome.result.plan, outcome.result.observation
+        if plan is not None:
+            view = ExtenderView.from_plan(
+                plan, observation, leader=outcome.wrote, now_s=observation.time_s
+            )
+            extender.update(view)
+
+    service = EngineService(
+        cluster=link.cluster, make_metrics=make_metrics, policy_path=options.policy_path,
+        elector=elector if elector is not None else Alone(), dry_run=options.dry_run,
+        engine_metrics=engine_metrics, on_round=after_round,
+    )  # fmt: skip
+    running = service
+    http = EngineHttp(
+        alive=service.alive, ready=service.ready, registry=registry, extender=extender,
+        on_withheld=lambda: running.trigger("the extender withheld pods from eviction"),
+    )  # fmt: skip
+    try:
+        port = http.start(options.host, options.port)
+    except OSError as e:
+        link.stop()
+        raise EngineFailure(f"--listen {options.host}:{options.port}: {e}") from e
+    link.on_change(lambda why: running.trigger(why))
+    with stop_on_signals(stop):
+        if elector is not None:
+            elector.start()
+        service.start()
+        role = "dry run" if elector is None else f"identity {elector.identity}"
+        logger.info(
+            "tide engine running: policy %s, HTTP on %s:%d, %s",
+            options.policy_path, options.host, port, role,
+        )  # fmt: skip
+        if on_started is not None:
+            on_started(service, port)
+        stop.wait()
+        service.stop(timeout_s=STOP_TIMEOUT_S)
+        if elector is not None:
+            elector.stop(release=True)
+        http.stop()
+        link.stop()
+        service.close()
+    logger.info("tide engine stopped")
+    return 0
