@@ -13,8 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.registry import CollectorRegistry
+from typer.testing import CliRunner
 
+from scheduler_policy.policy.file import policy_yaml
 from scheduler_policy.testing.fake import FakeCluster
 from scheduler_policy.vocabulary.errors import TemporaryError
 from scheduler_policy.vocabulary.protocols import ClusterClient
@@ -22,6 +25,7 @@ from scheduler_policy.vocabulary.state import JobKey
 from tests.engine.test_service import WAIT_S, policy, wait_for, write_policy
 from tests.scheduler_policy.builders import make_job, make_observation
 from tests.scheduler_policy.test_leader import MemoryLeases
+from tide.cli import app
 from tide.engine.command import (
     EngineFailure,
     EngineOptions,
@@ -31,6 +35,8 @@ from tide.engine.command import (
     stop_on_signals,
 )
 from tide.engine.service import EngineService
+
+runner = CliRunner()
 
 
 def closed_port() -> int:
@@ -85,7 +91,66 @@ def options(path: Path, **changes: object) -> EngineOptions:
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
-# -- the options -----------------------------------------------------------------------------
+# -- the command line ---------------------------------------------------------------------------
+
+
+def unreachable_kubeconfig(folder: Path) -> Path:
+    """A kubeconfig whose API server is a closed port on 127.0.0.1."""
+    path = folder / "unreachable.kubeconfig"
+    path.write_text(
+        yaml.safe_dump(
+            {"apiVersion": "v1", "kind": "Config", "current-context": "x",
+             "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{closed_port()}",
+                                                    "insecure-skip-tls-verify": True}}],
+             "users": [{"name": "u", "user": {"token": "t"}}],
+             "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}]}
+        )
+    )  # fmt: skip
+    return path
+
+
+def prometheus_closed() -> list[str]:
+    return ["--prometheus", f"http://127.0.0.1:{closed_port()}"]
+
+
+CLI_FAILURES = [
+    ("a missing policy file", lambda p: ["--policy", str(p.parent / "absent.yaml")], 1,
+     ["tide engine: policy invalid", "absent.yaml"]),
+    ("an invalid policy file", lambda p: ["--policy", str(p.with_name("bad.yaml"))], 1,
+     ["tide engine: policy invalid", "bad.yaml", "intervall"]),
+    ("no Prometheus", lambda p: ["--policy", str(p)], 1, ["pass --prometheus URL"]),
+    ("a bad Prometheus URL", lambda p: ["--policy", str(p), "--prometheus", "prometheus:9090"], 1,
+     ["--prometheus", "http://"]),
+    ("a bad --listen", lambda p: ["--policy", str(p), "--listen", "8080"], 2, ["HOST:PORT"]),
+    ("an unreachable API server",
+     lambda p: ["--policy", str(p), "--kubeconfig", str(unreachable_kubeconfig(p.parent)),
+                *prometheus_closed()], 1,
+     ["tide engine: cluster unreachable", "Connection refused"]),
+    ("a missing kubeconfig",
+     lambda p: ["--policy", str(p), "--kubeconfig", str(p.parent / "none"), *prometheus_closed()],
+     1, ["tide engine: cannot connect to the cluster", "none"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "said"), [c[1:] for c in CLI_FAILURES], ids=[c[0] for c in CLI_FAILURES]
+)
+def test_the_command_refuses_with_the_reason(
+    policy_file: Path,
+    args: Callable[[Path], list[str]],
+    code: int,
+    said: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TIDE_PROMETHEUS_URL", raising=False)
+    policy_file.with_name("bad.yaml").write_text(
+        policy_yaml(policy()).replace("interval:", "intervall:")
+    )
+    result = runner.invoke(app, ["engine", "--once", "--dry-run", *args(policy_file)])
+    assert result.exit_code == code, result.output
+    text = " ".join(result.output.split())
+    for words in said:
+        assert words in text
 
 
 @pytest.mark.parametrize(

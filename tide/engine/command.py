@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -23,8 +24,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Annotated, Protocol
 
+import typer
 from prometheus_client.registry import CollectorRegistry
 
 from metrics_collector.engine_metrics import EngineMetrics
@@ -111,6 +113,17 @@ class Link(Protocol):
     def stop(self) -> None:
         """Stop the watches."""
         ...
+
+
+def connect_volcano(options: EngineOptions) -> Link:
+    """The Volcano client on the kubeconfig (or the in-cluster service account).
+
+    Raises:
+        TideError: the configuration cannot be loaded.
+    """
+    from tide.engine.volcano_link import VolcanoLink
+
+    return VolcanoLink(options)
 
 
 def default_lease_namespace() -> str:
@@ -230,8 +243,12 @@ def _metrics_factory(options: EngineOptions, given: MetricsFactory | None) -> Me
 def _connect(options: EngineOptions, connect: Callable[[EngineOptions], Link]) -> Link:
     try:
         link = connect(options)
+    except TideError as e:
+        raise EngineFailure(f"cannot connect to the cluster: {e}") from e
+    try:
         link.sync(timeout_s=SYNC_TIMEOUT_S)
     except TideError as e:
+        link.stop()
         raise EngineFailure(f"cluster unreachable: {e}") from e
     return link
 
@@ -239,7 +256,7 @@ def _connect(options: EngineOptions, connect: Callable[[EngineOptions], Link]) -
 def run_once(
     options: EngineOptions,
     *,
-    connect: Callable[[EngineOptions], Link],
+    connect: Callable[[EngineOptions], Link] = connect_volcano,
     metrics: MetricsFactory | None = None,
     registry: CollectorRegistry | None = None,
 ) -> Round:
@@ -326,7 +343,7 @@ def stop_on_signals(stop: threading.Event) -> Iterator[None]:
 def serve(
     options: EngineOptions,
     *,
-    connect: Callable[[EngineOptions], Link],
+    connect: Callable[[EngineOptions], Link] = connect_volcano,
     metrics: MetricsFactory | None = None,
     stop: threading.Event | None = None,
     registry: CollectorRegistry | None = None,
@@ -419,3 +436,92 @@ def serve(
         service.close()
     logger.info("tide engine stopped")
     return 0
+
+
+def engine(
+    policy: Annotated[
+        Path,
+        typer.Option(
+            "--policy", "-p", metavar="FILE", help="ElasticPolicy file; re-read when it changes."
+        ),
+    ],
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            "--kubeconfig",
+            metavar="FILE",
+            help="kubeconfig file. Default: the pod's service account.",
+            show_default=False,
+        ),
+    ] = None,
+    prometheus: Annotated[
+        str | None,
+        typer.Option(
+            "--prometheus",
+            metavar="URL",
+            envvar="TIDE_PROMETHEUS_URL",
+            show_default=False,
+            help="Prometheus URL, e.g. http://prometheus.monitoring:9090.",
+        ),
+    ] = None,
+    listen: Annotated[
+        str,
+        typer.Option(
+            "--listen",
+            metavar="HOST:PORT",
+            help="HOST:PORT of /healthz, /readyz, /metrics, /extender.",
+        ),
+    ] = "0.0.0.0:8080",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Decide and log every decision; never write.")
+    ] = False,
+    once: Annotated[
+        bool, typer.Option("--once", help="Reconcile once, then exit (non-zero on failure).")
+    ] = False,
+    lease_namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--lease-namespace",
+            metavar="NS",
+            show_default=False,
+            help="Namespace of the leader Lease. Default: the pod's namespace, or default.",
+        ),
+    ] = None,
+    lease_name: Annotated[
+        str, typer.Option("--lease-name", metavar="NAME", help="Name of the leader Lease.")
+    ] = "tide-engine",
+    namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace",
+            metavar="NS",
+            show_default=False,
+            help="Manage the Volcano Jobs of this namespace only. Default: all namespaces.",
+        ),
+    ] = None,
+) -> None:
+    """Run the engine: reconcile at the policy's interval, as the leader of its replicas."""
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+    options = EngineOptions(
+        policy_path=policy, kubeconfig=kubeconfig, prometheus_url=prometheus, host=host,
+        port=port, dry_run=dry_run, once=once, namespace=namespace,
+        lease_namespace=lease_namespace or default_lease_namespace(), lease_name=lease_name,
+        identity=os.environ.get("TIDE_ENGINE_IDENTITY") or default_identity(),
+    )  # fmt: skip
+    try:
+        with json_logging():
+            if once:
+                run_once(options)
+            else:
+                serve(options)
+    except EngineFailure as e:
+        typer.echo(f"tide engine: {e}", err=True)
+        raise typer.Exit(1) from e
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``tide engine`` to the ``tide`` command."""
+    app.command("engine")(engine)
