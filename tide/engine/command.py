@@ -71,6 +71,8 @@ class EngineOptions:
         lease_name: the leader Lease's name.
         namespace: the namespace whose Jobs are managed; None for all.
         identity: this engine's identity in the Lease.
+        lease_duration_s: the Lease's duration, seconds.
+        renew_every_s: how often the Lease is renewed (or tried for), seconds.
     """
 
     policy_path: Path
@@ -84,6 +86,8 @@ class EngineOptions:
     lease_name: str = "tide-engine"
     namespace: str | None = None
     identity: str = ""
+    lease_duration_s: float = 15.0
+    renew_every_s: float = 5.0
 
 
 class Link(Protocol):
@@ -388,6 +392,8 @@ def serve(
         elector = LeaseElector(
             link.lease_api(namespace=options.lease_namespace, name=options.lease_name),
             identity=options.identity or default_identity(),
+            lease_duration_s=options.lease_duration_s,
+            renew_every_s=options.renew_every_s,
             on_change=leadership,
         )
 

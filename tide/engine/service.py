@@ -230,6 +230,7 @@ class EngineService:
         self._last_tick = monotonic()
         self._ready: tuple[bool, str] = (False, "no reconcile has succeeded yet")
         self.rounds = 0  # successful rounds so far
+        self.last_round: Round | None = None  # the last successful round
 
     # -- the policy --------------------------------------------------------------------------
 
@@ -330,6 +331,7 @@ class EngineService:
             )  # fmt: skip
         self._log(outcome)
         self.rounds += 1
+        self.last_round = outcome
         self._ready = (True, f"last reconcile succeeded under policy {policy.name}")
         if self._on_round is not None:
             self._on_round(outcome)
