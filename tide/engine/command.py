@@ -370,16 +370,36 @@ def serve(
     Raises:
         EngineFailure: the engine could not start; the message says why.
     """
+    stop = stop if stop is not None else threading.Event()
+    # From the start: a SIGTERM while the watches sync still stops cleanly.
+    with stop_on_signals(stop):
+        return _serve(
+            options, connect=connect, metrics=metrics, stop=stop, registry=registry,
+            on_started=on_started,
+        )  # fmt: skip
+
+
+def _serve(
+    options: EngineOptions,
+    *,
+    connect: Callable[[EngineOptions], Link],
+    metrics: MetricsFactory | None,
+    stop: threading.Event,
+    registry: CollectorRegistry | None,
+    on_started: Callable[[EngineService, int], None] | None,
+) -> int:
     from scheduler_policy.adapters.leader import LeaseElector
     from tide.engine.http import EngineHttp
 
     policy = _load(options)
     make_metrics = _metrics_factory(options, metrics)
-    stop = stop if stop is not None else threading.Event()
     registry = registry if registry is not None else CollectorRegistry()
     engine_metrics = EngineMetrics(registry)
     extender = Extender(stale_after_s=3 * policy.interval_s)
     link = _connect(options, connect)
+    if stop.is_set():  # stopped while connecting
+        link.stop()
+        return 0
     service: EngineService | None = None
 
     def leadership(leader: bool) -> None:
@@ -422,7 +442,7 @@ def serve(
         link.stop()
         raise EngineFailure(f"--listen {options.host}:{options.port}: {e}") from e
     link.on_change(lambda why: running.trigger(why))
-    with stop_on_signals(stop):
+    try:
         if elector is not None:
             elector.start()
         service.start()
@@ -434,6 +454,7 @@ def serve(
         if on_started is not None:
             on_started(service, port)
         stop.wait()
+    finally:  # a clean stop, or whatever went wrong above: each part stops, in order
         service.stop(timeout_s=STOP_TIMEOUT_S)
         if elector is not None:
             elector.stop(release=True)
