@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import signal
+import socket
 import stat
 import subprocess
+import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Callable
@@ -17,6 +21,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tests.cluster import controlplane
+from tests.cluster.audit import AuditLogReader
 from tests.cluster.conftest import require_control_plane_binaries
 from tests.cluster.controlplane import (
     GPU_RESOURCE,
@@ -31,6 +36,7 @@ from tests.cluster.controlplane import (
     parse_audit_event,
     volcano_job_body,
 )
+from tests.cluster.volcano_objects import REPO_ROOT, volcano_documents
 
 
 def unique(prefix: str) -> str:
@@ -65,6 +71,24 @@ def test_binaries_present_names_the_missing_binary_and_the_build_command(
     assert f"kube-apiserver ({tmp_path}" in why
     assert "kwok (" in why
     assert "make cluster-deps" in why
+
+
+@pytest.mark.parametrize(
+    ("ci", "outcome"),
+    [
+        ("", pytest.skip.Exception),
+        ("false", pytest.skip.Exception),
+        ("true", pytest.fail.Exception),
+    ],
+    ids=["local", "ci-false", "ci"],
+)
+def test_missing_binaries_skip_locally_and_fail_under_ci(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ci: str, outcome: type[BaseException]
+) -> None:
+    monkeypatch.setenv("TIDE_CACHE", str(tmp_path))
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="make cluster-deps"):
+        require_control_plane_binaries()
 
 
 @pytest.mark.parametrize(
@@ -172,6 +196,110 @@ def test_a_start_that_fails_half_way_stops_what_it_started_and_shows_the_log(
     assert processes_of(workdir) == []
 
 
+def audit_line(verb: str, at: str) -> str:
+    return json.dumps(
+        {
+            "user": {"username": "u"},
+            "verb": verb,
+            "responseStatus": {"code": 200},
+            "requestURI": "/api",
+            "requestReceivedTimestamp": at,
+        }
+    )
+
+
+# (name, what the log holds at each read, verbs expected after each read)
+AUDIT_READS = [
+    ("missing-file", [None], [[]]),
+    (
+        "complete-lines",
+        [audit_line("get", "2026-01-01T00:00:00Z") + "\n"],
+        [["get"]],
+    ),
+    (
+        "a-half-written-line-waits-for-its-end",
+        [
+            audit_line("get", "2026-01-01T00:00:00Z")
+            + "\n"
+            + audit_line("list", "2026-01-01T00:00:01Z")[:20],
+            audit_line("get", "2026-01-01T00:00:00Z")
+            + "\n"
+            + audit_line("list", "2026-01-01T00:00:01Z")
+            + "\n",
+        ],
+        [["get"], ["get", "list"]],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("contents", "verbs"), [r[1:] for r in AUDIT_READS], ids=[r[0] for r in AUDIT_READS]
+)
+def test_the_audit_reader_parses_each_complete_line_once(
+    tmp_path: Path, contents: list[str | None], verbs: list[list[str]]
+) -> None:
+    log = tmp_path / "audit.log"
+    reader = AuditLogReader(log)
+    for content, expected in zip(contents, verbs, strict=True):
+        if content is not None:
+            log.write_text(content)
+        assert [r.verb for r in reader.requests()] == expected
+    assert [r.verb for r in reader.requests(since=1767225601.0)] == [
+        v for v in verbs[-1] if v == "list"
+    ]
+
+
+def test_a_component_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    marker = f"tide-orphan-check-{uuid.uuid4().hex[:8]}"
+    starter = textwrap.dedent(
+        f"""
+        import sys, time
+        from pathlib import Path
+        from tests.cluster.processes import ManagedProcess
+        argv = [sys.executable, "-c", "import time; time.sleep(300)", "{marker}"]
+        ManagedProcess("sleeper", argv, Path(sys.argv[1]))
+        print("started", flush=True)
+        time.sleep(300)
+        """
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", starter, str(tmp_path / "sleeper.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "started"
+        assert processes_of(Path(marker)) != []
+        parent.send_signal(signal.SIGKILL)  # no finalizer, no atexit
+        parent.wait(timeout=10)
+        wait_for("the orphan gone", lambda: processes_of(Path(marker)) == [], timeout_s=10)
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)
+
+
+def test_etcd_starts_again_on_new_ports_when_its_port_was_taken(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    require_control_plane_binaries()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = iter([taken.getsockname()[1]])
+        real = controlplane.free_port
+        monkeypatch.setattr(controlplane, "free_port", lambda: next(ports, None) or real())
+        plane = ControlPlane(tmp_path / "plane")
+        plane.workdir.mkdir()
+        try:
+            plane._retry_taken_port("etcd", plane._start_etcd)
+            assert plane.running() and list(plane.pids) == ["etcd"]
+            assert "address already in use" in (plane.workdir / "etcd.1.log").read_text()
+        finally:
+            plane.stop()
+    assert processes_of(plane.workdir) == []
+
+
 # -- on the session's plane ------------------------------------------------------------------
 
 
@@ -189,10 +317,10 @@ def test_every_volcano_crd_is_established_and_a_job_in_an_open_queue_is_stored(
 ) -> None:
     expected = {
         doc["metadata"]["name"]
-        for path in VOLCANO_CRDS_DIR.glob("*.yaml")
-        for doc in yaml.safe_load_all(path.read_text())
-        if doc and doc.get("kind") == "CustomResourceDefinition"
+        for doc in volcano_documents(VOLCANO_CRDS_DIR)
+        if doc["kind"] == "CustomResourceDefinition"
     }
+    assert len(expected) == len(list(VOLCANO_CRDS_DIR.glob("*.yaml")))
     assert "jobs.batch.volcano.sh" in expected and "queues.scheduling.volcano.sh" in expected
     queue = unique("q")
     with control_plane.api_client() as api:
