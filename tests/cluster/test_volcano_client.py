@@ -9,6 +9,8 @@ Each test has its own namespace, queue and node; the client is scoped to them (`
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -348,6 +350,7 @@ def test_an_event_names_the_job_the_reason_and_why(world, started):
     wait_for("the job", lambda: len(started.list_jobs()) == 1)
     started.apply(world.change("a", frm=2, to=3))
     started.apply(world.change("a", frm=3, to=3))  # memory only: no Event
+    assert started.flush_events(WAIT_S)
     (event,) = world.core.list_namespaced_event(world.ns).items
     assert (event.involved_object.kind, event.involved_object.name, event.involved_object.uid) \
         == ("Job", "a", uid)  # fmt: skip
@@ -381,3 +384,110 @@ def test_stop_leaves_no_thread_running(world):
     assert time.monotonic() - began < 5.0
     assert client.running_threads == 0
     assert not [t for t in threading.enumerate() if t.name.startswith("tide-watch-")]
+
+
+def test_an_event_that_cannot_be_created_never_fails_the_write(world, started, caplog):
+    world.job("a", replicas=2)
+    wait_for("the job", lambda: len(started.list_jobs()) == 1)
+    # A namespace being deleted refuses new objects (the Event) but not a patch of the Job;
+    # with no controller manager it stays Terminating.
+    world.core.delete_namespace(world.ns)
+    with caplog.at_level(logging.WARNING):
+        started.apply(world.change("a", frm=2, to=3))
+        assert started.flush_events(WAIT_S)
+    assert world.get("a")["spec"]["tasks"][0]["replicas"] == 3
+    assert "Event" in caplog.text and f"{world.ns}/a" in caplog.text
+    assert world.core.list_namespaced_event(world.ns).items == []
+
+
+def test_one_malformed_pod_is_skipped_with_its_name_and_the_rest_are_read(world, caplog):
+    world.job("a", replicas=2)
+    world.pod("a", 0, node=world.node)
+    bad = world.pod("a", 1, node=world.node)
+    world.core.patch_namespaced_pod(bad, world.ns, {"metadata": {
+        "labels": {"volcano.sh/task-index": "first"},
+        "annotations": {"volcano.sh/task-index": "first"}}})  # fmt: skip
+    client = world.client(watch=False)
+    with caplog.at_level(logging.WARNING):
+        (job,) = client.list_jobs()
+    assert job.pods == (PodPlacement(0, world.node, 1.0),)
+    assert f"Pod {world.ns}/{bad}" in caplog.text and "volcano.sh/task-index" in caplog.text
+
+
+# The RBAC the package docstring lists (and the chart grants), leader election's leases aside.
+RULES = [
+    {"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"],
+     "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["scheduling.volcano.sh"], "resources": ["queues", "podgroups"],
+     "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]  # fmt: skip
+
+
+def test_the_documented_rbac_is_all_the_client_needs(world, control_plane):
+    rbac = k8s.RbacAuthorizationV1Api(world.api)
+    account, role = "tide", f"tide-engine-{world.ns}"
+    world.core.create_namespaced_service_account(world.ns, {"metadata": {"name": account}})
+    rbac.create_cluster_role({"metadata": {"name": role}, "rules": RULES})
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": role},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": world.ns}],
+    })  # fmt: skip
+    token = world.core.create_namespaced_service_account_token(
+        account, world.ns, {"spec": {"expirationSeconds": 3600}}
+    ).status.token
+    user = f"system:serviceaccount:{world.ns}:{account}"
+    populate(world)
+    since = time.time() - 1.0
+
+    def authorized() -> bool:  # RBAC bindings take effect shortly after they are created
+        try:
+            k8s.CoreV1Api(control_plane.api_client_for_token(token)).list_node()
+        except k8s.ApiException:
+            return False
+        return True
+
+    wait_for("the role binding", authorized)
+    client = VolcanoClient(control_plane.api_client_for_token(token), namespace=world.ns,
+                           node_selector=f"kubernetes.io/hostname={world.node}")  # fmt: skip
+    client.start()
+    try:
+        assert client.wait_synced(WAIT_S)
+        wait_for("the caches", lambda: len(client.list_pending_gangs()) == 1)
+        client.list_queues(), client.list_nodes(), client.releasing_gpus()
+        client.apply(world.change("a", frm=3, to=4))
+        assert client.flush_events(WAIT_S)
+    finally:
+        assert client.stop(5.0)
+    assert len(world.core.list_namespaced_event(world.ns).items) == 1
+    seen = control_plane.audit_requests(since=since)
+    mine = [r for r in seen if r.user == user]
+    assert mine and all(r.code < 400 for r in mine), [r for r in mine if r.code >= 400]
+    allowed = {(resource, verb) for rule in RULES for resource in rule["resources"]
+               for verb in rule["verbs"]}  # fmt: skip
+    assert {(r.resource, r.verb) for r in mine} <= allowed
+
+
+class Unrenderable:
+    """An explanation whose sentence fails to render."""
+
+    def render(self) -> str:
+        raise RuntimeError("the template is broken")
+
+    def __str__(self) -> str:
+        return "an unrenderable explanation"
+
+
+def test_an_explanation_that_fails_to_render_never_fails_the_write(world, started, caplog):
+    world.job("a", replicas=2)
+    wait_for("the job", lambda: len(started.list_jobs()) == 1)
+    change = dataclasses.replace(world.change("a", frm=2, to=3), why=Unrenderable())
+    with caplog.at_level(logging.WARNING):
+        started.apply(change)
+    assert started.flush_events(WAIT_S)
+    assert world.get("a")["spec"]["tasks"][0]["replicas"] == 3
+    assert "the template is broken" in caplog.text
+    (event,) = world.core.list_namespaced_event(world.ns).items
+    assert event.message == "an unrenderable explanation"

@@ -3,8 +3,10 @@
 ``VolcanoClient`` (``client.py``) reads Volcano Jobs, Queues and PodGroups and the pods and
 nodes under them from watches (``informer.py``), through pure readers (``read.py``, and
 ``scheduler_policy.adapters.volcano_job`` for Jobs), and writes replica changes as JSON
-patches of Volcano Jobs, each followed by a Kubernetes Event. With the leader election, this
-package is the only importer of ``kubernetes`` (an import-linter contract says so).
+patches of Volcano Jobs (``write.py``), each followed by a Kubernetes Event (``events.py``).
+Requests are counted (``counts.py``); failures are typed (``errors.py``). With the leader
+election, this package is the only importer of ``kubernetes`` (an import-linter contract says
+so).
 
 The RBAC the engine's chart grants it, and every verb it uses (no other)::
 

@@ -10,16 +10,13 @@ a Kubernetes Event on the Job saying why.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
-import socket
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 import urllib3
@@ -29,13 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from scheduler_policy.adapters.volcano.counts import RequestCounter, RequestCounts
-from scheduler_policy.adapters.volcano.errors import (
-    JobNotFound,
-    NotElastic,
-    PatchFailed,
-    PatchForbidden,
-    PatchRefused,
-)
+from scheduler_policy.adapters.volcano.events import EventRecorder
 from scheduler_policy.adapters.volcano.informer import Informer
 from scheduler_policy.adapters.volcano.read import (
     PodRead,
@@ -46,17 +37,14 @@ from scheduler_policy.adapters.volcano.read import (
     read_podgroup,
     read_queue,
 )
+from scheduler_policy.adapters.volcano.write import BATCH, JSON_PATCH, JobWriter, api_message
 from scheduler_policy.adapters.volcano_job import (
-    API_VERSION,
     GPU_RESOURCE,
     UnreadJob,
     VolcanoJob,
     read_job,
-    replica_patch,
 )
-from scheduler_policy.policy.annotations import ELASTIC
 from scheduler_policy.vocabulary.errors import (
-    ConflictError,
     PermanentError,
     TemporaryError,
 )
@@ -74,13 +62,7 @@ __all__ = ["JSON_PATCH", "VolcanoClient", "from_kubeconfig"]
 
 logger = logging.getLogger(__name__)
 
-JSON_PATCH = "application/json-patch+json"
-"""The content type of every write: without it the Python client sends a merge patch."""
-
-BATCH = ("batch.volcano.sh", "v1alpha1")
 SCHEDULING = ("scheduling.volcano.sh", "v1beta1")
-EVENT_MESSAGE_MAX = 1024
-"""Characters of an Event's message (the API's own limit for events.k8s.io)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,27 +97,6 @@ def from_kubeconfig(path: str | None) -> k8s.ApiClient:
     except (ConfigException, OSError, TypeError, ValueError) as e:
         where = "the in-cluster configuration" if path is None else f"kubeconfig {path}"
         raise PermanentError(f"{where}: cannot be loaded: {e}") from e
-
-
-def _split(key: str) -> tuple[str, str]:
-    namespace, _, name = key.partition("/")
-    return namespace, name
-
-
-def _api_message(e: ApiException) -> str:
-    """What the API server said: the Status object's message, else the HTTP reason."""
-    body = e.body
-    if isinstance(body, bytes):
-        body = body.decode("utf-8", errors="replace")
-    if isinstance(body, str) and body:
-        try:
-            status = json.loads(body)
-        except ValueError:
-            return body[:500]
-        if isinstance(status, Mapping) and isinstance(status.get("message"), str):
-            return str(status["message"])
-        return body[:500]
-    return str(e.reason or "no message")
 
 
 def _log_problem(problem: ReadProblem | UnreadJob) -> None:
@@ -181,11 +142,14 @@ class VolcanoClient:
         self._core = k8s.CoreV1Api(api_client)
         self._namespace = namespace
         self._watching = watch
-        self._events = events
-        self._component = component
-        self._instance = socket.gethostname()
-        self._max_retries = max_conflict_retries
         self._counter = RequestCounter()
+        self._recorder = (
+            EventRecorder(self._core, component=component, counter=self._counter,
+                          background=watch)
+            if events
+            else None
+        )  # fmt: skip
+        self._max_retries = max_conflict_retries
         self._callbacks: list[Callable[[str], None]] = []
         self._callbacks_lock = threading.Lock()
         self._started = False
@@ -228,6 +192,10 @@ class VolcanoClient:
             **common,  # type: ignore[arg-type]
         )  # fmt: skip
         self._all = (self._jobs, self._queues, self._podgroups, self._pods, self._nodes)
+        self._writer = JobWriter(
+            self._custom, jobs=self._jobs, watching=watch, namespace=namespace,
+            max_retries=max_conflict_retries, counter=self._counter, recorder=self._recorder,
+        )  # fmt: skip
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -254,12 +222,15 @@ class VolcanoClient:
         """
         end = time.monotonic() + timeout_s
         ended = [i.stop(max(0.0, end - time.monotonic())) for i in self._all]
+        if self._recorder is not None:
+            ended.append(self._recorder.stop(max(0.1, end - time.monotonic())))
         return all(ended)
 
     @property
     def running_threads(self) -> int:
-        """Watch threads alive now."""
-        return sum(1 for i in self._all if i.running)
+        """Threads of this client alive now (the watches, and the Events' sender)."""
+        events = self._recorder is not None and self._recorder.running
+        return sum(1 for i in self._all if i.running) + int(events)
 
     def on_change(self, callback: Callable[[str], None]) -> None:
         """Call ``callback(why)`` when a PodGroup becomes pending or an elastic Job appears.
@@ -378,7 +349,7 @@ class VolcanoClient:
                 informer.relist()
             except ApiException as e:
                 raise TemporaryError(
-                    f"listing {informer.kind}s failed: HTTP {e.status}: {_api_message(e)}"
+                    f"listing {informer.kind}s failed: HTTP {e.status}: {api_message(e)}"
                 ) from e
             except (urllib3.exceptions.HTTPError, OSError) as e:
                 raise TemporaryError(f"listing {informer.kind}s failed: {e}") from e
@@ -457,166 +428,10 @@ class VolcanoClient:
         self._fresh(self._pods)
         return sum(p.gpus for p in self._pods.items() if p.terminating and p.holds_gpus)
 
-    # -- writing ------------------------------------------------------------------------------
-
-    def _get_job(self, key: JobKey) -> VolcanoJob:
-        """Read one Job from the API server (not the cache).
-
-        Raises:
-            JobNotFound: it does not exist.
-            PatchForbidden: the client may not read it.
-            PatchFailed: no answer, or a 5xx.
-        """
-        namespace, name = _split(key)
-        self._counter.add("gets")
-        try:
-            obj = self._custom.get_namespaced_custom_object(*BATCH, namespace, "jobs", name)
-        except ApiException as e:
-            raise self._refusal(key, e, []) from e
-        except (urllib3.exceptions.HTTPError, OSError) as e:
-            raise PatchFailed(job=key, status=None, api_message=str(e), patch=[]) from e
-        read = read_job(obj, source=key)
-        if isinstance(read, UnreadJob):
-            raise PermanentError(f"Job {key}: cannot be read: {read.problem}")
-        if self._watching and isinstance(obj, Mapping):
-            self._jobs.put(obj)
-        return read
-
-    def _job_for_write(self, key: JobKey) -> VolcanoJob:
-        namespace, name = _split(key)
-        if not namespace or not name:
-            raise PermanentError(f"Job {key!r}: not a namespace/name key")
-        if self._namespace is not None and namespace != self._namespace:
-            raise PermanentError(
-                f"Job {key}: outside the namespace {self._namespace} this client manages"
-            )
-        if self._watching and self._jobs.synced:
-            cached = self._jobs.get(key)
-            if cached is not None:
-                return cached
-        return self._get_job(key)
-
-    @staticmethod
-    def _refusal(key: str, e: ApiException, patch: list[dict[str, object]]) -> Exception:
-        """The typed error for an API refusal."""
-        status = int(e.status or 0)
-        message = _api_message(e)
-        if status == 404:
-            return JobNotFound(job=key, status=status, api_message=message, patch=patch)
-        if status == 403:
-            return PatchForbidden(job=key, status=status, api_message=message, patch=patch)
-        if status == 429 or status >= 500 or status == 0:
-            return PatchFailed(job=key, status=status or None, api_message=message, patch=patch)
-        return PatchRefused(job=key, status=status, api_message=message, patch=patch)
-
     def apply(self, change: ReplicaChange) -> None:
-        """See base class.
+        """See base class, and ``write.JobWriter.apply`` for what is sent and raised."""
+        self._writer.apply(change)
 
-        One JSON patch (``volcano_job.replica_patch``): the replicas, the task's
-        ``minAvailable`` where the admission rules need it, and the memory annotation. When
-        the Job changed since it was read (HTTP 409, or a failed ``test``), it is read again
-        and the patch rebuilt while it still has ``from_replicas``, at most
-        ``max_conflict_retries`` times. A change of replicas is followed by an Event on the
-        Job (its failure is logged, never raised).
-
-        Raises:
-            ConflictError: the Job no longer has ``from_replicas``, or kept changing.
-            NotElastic: the Job lacks the ``tide.io/elastic: "true"`` annotation.
-            JobNotFound: the Job does not exist.
-            PatchForbidden: RBAC refuses the patch (HTTP 403).
-            PatchRefused: the API server or an admission rule refused it (HTTP 400, 422).
-            PatchFailed: HTTP 5xx or 429, or no answer: it may succeed later.
-            PermanentError: the change cannot be written at all (its memory cannot be
-                encoded, the Job has no such task).
-        """
-        key = change.job
-        job = self._job_for_write(key)
-        attempt = 0
-        while True:
-            state = job.state
-            if not state.elastic:
-                raise NotElastic(
-                    f'Job {key}: not marked {ELASTIC}: "true"; tide never writes to it'
-                )
-            if state.task != change.task or state.current_replicas != change.from_replicas:
-                raise ConflictError(
-                    f"Job {key}: task {state.task!r} has {state.current_replicas} replicas now; "
-                    f"the change to {change.to_replicas} was decided from "
-                    f"{change.from_replicas} of task {change.task!r}"
-                )
-            try:
-                patch = replica_patch(job, change)
-            except ValueError as e:
-                raise PermanentError(str(e)) from e
-            namespace, name = _split(key)
-            self._counter.add("patches")
-            try:
-                written = self._custom.patch_namespaced_custom_object(
-                    *BATCH, namespace, "jobs", name, patch, _content_type=JSON_PATCH
-                )
-            except ApiException as e:
-                if e.status not in (409, 422):
-                    raise self._refusal(key, e, patch) from e
-                # A failed ``test`` and an admission rule both answer 422 ("Invalid"); the
-                # former says no more than "the server rejected our request". The Job read
-                # again tells them apart: unchanged, the patch itself was refused.
-                current = self._get_job(key)
-                unchanged = (
-                    current.resource_version is not None
-                    and current.resource_version == job.resource_version
-                )
-                if e.status == 422 and unchanged:
-                    raise self._refusal(key, e, patch) from e
-                if attempt >= self._max_retries:
-                    raise ConflictError(
-                        f"Job {key}: still changing after {attempt + 1} patches "
-                        f"(HTTP {e.status}: {_api_message(e)})"
-                    ) from e
-                attempt += 1
-                self._counter.add("retries")
-                logger.info("Job %s: changed under the patch (HTTP %s); patching it again",
-                            key, e.status)  # fmt: skip
-                job = current
-                continue
-            except (urllib3.exceptions.HTTPError, OSError) as e:
-                raise PatchFailed(job=key, status=None, api_message=str(e), patch=patch) from e
-            if self._watching and isinstance(written, Mapping):
-                self._jobs.put(written)
-            logger.info(
-                "Job %s: task %s %d -> %d replicas (%s)",
-                key, change.task, change.from_replicas, change.to_replicas, _reason(change),
-            )  # fmt: skip
-            self._event(job, change)
-            return
-
-    def _event(self, job: VolcanoJob, change: ReplicaChange) -> None:
-        """A Kubernetes Event on the Job for a change of replicas; a failure is only logged."""
-        if not self._events or change.to_replicas == change.from_replicas:
-            return
-        namespace, name = _split(change.job)
-        now = datetime.now(timezone.utc)
-        body = k8s.CoreV1Event(
-            metadata=k8s.V1ObjectMeta(generate_name=f"{name}.", namespace=namespace),
-            involved_object=k8s.V1ObjectReference(
-                api_version=API_VERSION, kind="Job", name=name, namespace=namespace, uid=job.uid
-            ),
-            reason=_reason(change),
-            message=change.message[:EVENT_MESSAGE_MAX],
-            type="Normal",
-            source=k8s.V1EventSource(component=self._component),
-            reporting_component=self._component,
-            reporting_instance=self._instance,
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-        )
-        self._counter.add("events")
-        try:
-            self._core.create_namespaced_event(namespace, body)
-        except Exception as e:  # an Event is a courtesy: never fail the write for it
-            logger.warning("Job %s: the Event for the change was not created: %s", change.job, e)
-
-
-def _reason(change: ReplicaChange) -> str:
-    reason = change.reason
-    return str(reason.value) if hasattr(reason, "value") else str(reason)
+    def flush_events(self, timeout_s: float) -> bool:
+        """Wait until the Events recorded so far are sent; whether they are, within the bound."""
+        return self._recorder is None or self._recorder.flush(timeout_s)
