@@ -23,6 +23,7 @@ Volcano places the gang in a following session. The rules (DESIGN.md, "Graceful 
 from __future__ import annotations
 
 import enum
+import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ DEFAULT_GRACE_MARGIN_S = 15.0
 
 ABSTAIN = 0
 AGREE = 1
+_NAMED = 5
+"""Pods an answer's message names; the rest are counted."""
 
 
 class AnswerReason(str, enum.Enum):
@@ -151,11 +154,22 @@ class Answer:
     message: str = field(default="", compare=False)
 
     def body(self) -> dict[str, Any]:
-        """The JSON reply Volcano reads: ``{"status": 0}``, or ``{"status": 1, "victims": [...]}``
-        with each victim the TaskInfo object Volcano sent."""
+        """The JSON reply Volcano reads, as a dict.
+
+        Returns:
+            ``{"status": 0}``, or ``{"status": 1, "victims": [...]}`` with each victim the
+            TaskInfo object Volcano sent.
+        """
         if self.status == ABSTAIN:
             return {"status": ABSTAIN}
         return {"status": self.status, "victims": [task.raw for task in self.victims]}
+
+    def body_bytes(self) -> bytes:
+        """``body()`` as JSON, each victim's text echoed exactly as Volcano sent it."""
+        if self.status == ABSTAIN:
+            return json.dumps(self.body(), separators=(",", ":")).encode()
+        victims = ",".join(task.text for task in self.victims)
+        return f'{{"status":{self.status},"victims":[{victims}]}}'.encode()
 
 
 class Extender:
@@ -173,16 +187,28 @@ class Extender:
     def __init__(
         self, *, stale_after_s: float, grace_margin_s: float = DEFAULT_GRACE_MARGIN_S
     ) -> None:
-        if not stale_after_s > 0 or stale_after_s == float("inf"):
-            raise ValueError(f"stale_after_s: must be a finite number > 0, got {stale_after_s}")
         if not grace_margin_s >= 0 or grace_margin_s == float("inf"):
             raise ValueError(f"grace_margin_s: must be a finite number >= 0, got {grace_margin_s}")
-        self.stale_after_s = stale_after_s
+        self._stale_after_s = _check_bound(stale_after_s)
         self.grace_margin_s = grace_margin_s
         self._lock = threading.Lock()
         self._view: ExtenderView | None = None
         # pod UID -> (its job, when it was first withheld, seconds since the epoch)
         self._first_withheld_s: dict[str, tuple[JobKey, float]] = {}
+
+    @property
+    def stale_after_s(self) -> float:
+        """A view older than this is not trusted, seconds."""
+        return self._stale_after_s
+
+    @stale_after_s.setter
+    def stale_after_s(self, value: float) -> None:
+        """Change the bound (the policy's interval changed).
+
+        Raises:
+            ValueError: not a finite number > 0.
+        """
+        self._stale_after_s = _check_bound(value)
 
     @property
     def view(self) -> ExtenderView | None:
@@ -257,7 +283,9 @@ class Extender:
                     f"the grace window of {expired} pod(s) tide is shrinking is over",
                 )
             return _abstain(AnswerReason.NOTHING_TO_WITHHOLD, "no evictee is tide's to withhold")
-        names = ", ".join(task.name for task in withheld)
+        names = ", ".join(task.name for task in withheld[:_NAMED])
+        if len(withheld) > _NAMED:
+            names += f" and {len(withheld) - _NAMED} more"
         return Answer(
             status=AGREE,
             victims=tuple(victims),
@@ -281,6 +309,12 @@ def _shrinking_job_of(task: Task, view: ExtenderView) -> ShrinkingJob | None:
     if task.task_index < job.target_replicas or task.task_index < job.min_replicas:
         return None
     return job
+
+
+def _check_bound(stale_after_s: float) -> float:
+    if not stale_after_s > 0 or stale_after_s == float("inf"):
+        raise ValueError(f"stale_after_s: must be a finite number > 0, got {stale_after_s}")
+    return stale_after_s
 
 
 def _abstain(reason: AnswerReason, message: str) -> Answer:

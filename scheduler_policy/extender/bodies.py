@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler_policy.extender.scan import decode_body, gc_paused
 from scheduler_policy.vocabulary.errors import TideError
 from scheduler_policy.vocabulary.state import JobKey
 
@@ -79,7 +80,8 @@ class Task:
         job: the Volcano Job key ``namespace/<volcano.sh/job-name>``; None when the pod has none.
         task_index: the pod's ``volcano.sh/task-index``; None when absent or not an integer.
         grace_period_s: the pod's ``spec.terminationGracePeriodSeconds`` (default 30 s).
-        raw: the TaskInfo as Volcano sent it, echoed back in the victims.
+        text: the TaskInfo's JSON text exactly as Volcano sent it, echoed back in the victims
+            (``raw`` decodes it).
     """
 
     uid: str
@@ -93,7 +95,17 @@ class Task:
     job: JobKey | None
     task_index: int | None
     grace_period_s: float
-    raw: Mapping[str, Any] = field(compare=False, repr=False)
+    text: str = field(compare=False, repr=False)
+
+    @property
+    def raw(self) -> Mapping[str, Any]:
+        """The TaskInfo as Volcano sent it, decoded from ``text`` (each call decodes anew).
+
+        Only the text is kept: holding the decoded Pods of a large request (a million objects
+        for 1,000 evictees) made every garbage collection walk them.
+        """
+        decoded: Mapping[str, Any] = json.loads(self.text)
+        return decoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +138,14 @@ def parse_eviction(raw: bytes, *, max_bytes: int = MAX_BODY_BYTES) -> EvictionRe
     """
     if len(raw) > max_bytes:
         raise BodyError(f"body is {len(raw)} bytes, more than the {max_bytes} accepted")
+    with gc_paused():  # see scan.py: the decoded body is freed before the collector resumes
+        return _read(raw)
+
+
+def _read(raw: bytes) -> EvictionRequest:
     try:
-        document = json.loads(raw)
+        text = raw.decode("utf-8")
+        document, texts = decode_body(text)
     except RecursionError:
         raise BodyError("body is not JSON: nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int too long
@@ -135,17 +153,22 @@ def parse_eviction(raw: bytes, *, max_bytes: int = MAX_BODY_BYTES) -> EvictionRe
     if not isinstance(document, dict):
         raise BodyError(f"body must be a JSON object, got {_kind(document)}")
     evictor_raw = document.get("evictor")
-    evictor = None if evictor_raw is None else _task(evictor_raw, "evictor")
+    evictor = None if evictor_raw is None else _task(evictor_raw, "evictor", text=None)
     evictees_raw = document.get("evictees")
     if evictees_raw is None:  # Go marshals an empty (nil) slice as null
         evictees_raw = []
     if not isinstance(evictees_raw, list):
         raise BodyError(f"evictees: must be a list, got {_kind(evictees_raw)}")
-    evictees = tuple(_task(item, f"evictees[{i}]") for i, item in enumerate(evictees_raw))
+    if texts is None or len(texts) != len(evictees_raw):  # duplicate keys: re-encode
+        texts = [json.dumps(item) for item in evictees_raw]
+    evictees = tuple(
+        _task(item, f"evictees[{i}]", text=text)
+        for i, (item, text) in enumerate(zip(evictees_raw, texts, strict=True))
+    )
     return EvictionRequest(evictor=evictor, evictees=evictees)
 
 
-def _task(info: Any, path: str) -> Task:
+def _task(info: Any, path: str, *, text: str | None) -> Task:
     if not isinstance(info, dict):
         raise BodyError(f"{path}: must be a TaskInfo object, got {_kind(info)}")
     uid = _string(info, "UID", path, required=True)
@@ -181,7 +204,7 @@ def _task(info: Any, path: str) -> Task:
         job=JobKey(f"{namespace}/{job_name}") if job_name else None,
         task_index=_index(marked(TASK_INDEX_LABEL)),
         grace_period_s=grace_period_s,
-        raw=info,
+        text=json.dumps(info) if text is None else text,
     )
 
 

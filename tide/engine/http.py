@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
@@ -84,6 +85,7 @@ class EngineHttp:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
+        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def port(self) -> int | None:
@@ -119,6 +121,7 @@ class EngineHttp:
                 raise RuntimeError(f"the engine's HTTP server already serves on port {self._port}")
             started = threading.Event()
             failure: list[BaseException] = []
+            self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tide-extender")
             loop = asyncio.new_event_loop()
             thread = threading.Thread(
                 target=self._serve,
@@ -127,9 +130,12 @@ class EngineHttp:
                 daemon=True,
             )
             thread.start()
-            if not started.wait(_START_TIMEOUT_S):
-                raise RuntimeError(f"the engine's HTTP server did not start on {host}:{port}")
-            if failure:
+            if not started.wait(_START_TIMEOUT_S) or failure:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = None
+                if not failure:
+                    loop.call_soon_threadsafe(loop.stop)  # it may yet bind: stop it there
+                    raise RuntimeError(f"the engine's HTTP server did not start on {host}:{port}")
                 thread.join(_STOP_TIMEOUT_S)
                 raise failure[0]
             self._thread, self._loop = thread, loop
@@ -141,7 +147,8 @@ class EngineHttp:
         """Stop serving and join the thread, within about 5 s; does nothing when not serving."""
         with self._lock:
             thread, loop, runner = self._thread, self._loop, self._runner
-            self._thread = self._loop = self._runner = None
+            executor = self._executor
+            self._thread = self._loop = self._runner = self._executor = None
             self._port = None
         if thread is None or loop is None:
             return
@@ -153,6 +160,8 @@ class EngineHttp:
                 logger.warning("engine HTTP server did not shut down cleanly", exc_info=True)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(_STOP_TIMEOUT_S)
+        if executor is not None:  # an answer still being computed is dropped, not awaited
+            executor.shutdown(wait=False, cancel_futures=True)
 
     def _serve(
         self,
@@ -215,28 +224,35 @@ class EngineHttp:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _json(400, {"error": f"body is larger than the {self._max_body_bytes} bytes"})
+        loop = asyncio.get_running_loop()
         try:
-            eviction = parse_eviction(raw, max_bytes=self._max_body_bytes)
+            # On a worker thread: a large body takes a while to read, and the probes (and
+            # other requests) keep being answered meanwhile.
+            work = loop.run_in_executor(self._executor, self._answer, raw, verb)
+            answer, body, total = await work
         except BodyError as e:
             logger.warning("extender %s: refused a body: %s", verb, e)
             return _json(400, {"error": str(e)})
-        try:
-            answer = self._extender.answer(eviction, verb=verb, now_s=self._now_s())
         except Exception:  # never a 500: abstaining lets Volcano proceed as without tide
             logger.exception("extender %s: answering failed; abstaining", verb)
             return _json(200, {"status": 0})
         if answer.withheld:
-            self._withheld(verb, answer, total=len(eviction.evictees))
-        return _json(200, answer.body())
+            self._withheld(verb, answer, total=total)
+        return web.Response(body=body, content_type="application/json")
+
+    def _answer(self, raw: bytes, verb: str) -> tuple[Answer, bytes, int]:
+        eviction = parse_eviction(raw, max_bytes=self._max_body_bytes)
+        answer = self._extender.answer(eviction, verb=verb, now_s=self._now_s())
+        return answer, answer.body_bytes(), len(eviction.evictees)
 
     def _withheld(self, verb: str, answer: Answer, *, total: int) -> None:
         logger.info(
-            "extender %s: %s: withheld %d of %d evictees (%s)",
+            "extender %s: %s: withheld %d of %d evictees: %s",
             verb,
             answer.reason.value,
             len(answer.withheld),
             total,
-            ", ".join(f"{t.namespace}/{t.name}" for t in answer.withheld),
+            answer.message,
         )
         try:
             self._on_withheld()
