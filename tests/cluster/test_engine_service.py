@@ -34,7 +34,8 @@ from scheduler_policy.vocabulary.state import JobKey, Reason
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.test_volcano_client import World
 from tests.scheduler_policy.builders import make_policy, usl_points
-from tide.engine.command import EngineOptions, serve
+from tide.engine.command import serve
+from tide.engine.options import EngineOptions
 from tide.engine.service import EngineService
 
 WAIT_S = 60.0

@@ -26,14 +26,9 @@ from tests.engine.test_service import WAIT_S, policy, wait_for, write_policy
 from tests.scheduler_policy.builders import make_job, make_observation
 from tests.scheduler_policy.test_leader import MemoryLeases
 from tide.cli import app
-from tide.engine.command import (
-    EngineFailure,
-    EngineOptions,
-    parse_listen,
-    run_once,
-    serve,
-    stop_on_signals,
-)
+from tide.engine.command import run_once, serve, stop_on_signals
+from tide.engine.logs import json_logging
+from tide.engine.options import EngineFailure, EngineOptions, parse_listen
 from tide.engine.service import EngineService
 
 runner = CliRunner()
@@ -293,8 +288,6 @@ def test_sigterm_and_sigint_set_the_stop_event_then_the_handlers_come_back() -> 
 def test_the_json_log_lines_carry_the_decision_fields(
     policy_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tide.engine.command import json_logging
-
     link = FakeLink(cluster())
     with json_logging():
         run_once(options(policy_file, once=True, dry_run=True), connect=lambda _o: link,

@@ -10,21 +10,15 @@ run; the command prints it and exits 1.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
-import socket
-import sys
 import threading
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Protocol
+from typing import Annotated
 
 import typer
 from prometheus_client.registry import CollectorRegistry
@@ -35,88 +29,25 @@ from scheduler_policy.extender import Extender, ExtenderView
 from scheduler_policy.policy.file import load_policy
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.errors import TideError
-from scheduler_policy.vocabulary.protocols import ClusterClient, MetricsSource
+from scheduler_policy.vocabulary.protocols import MetricsSource
+from tide.engine.logs import json_logging
+from tide.engine.options import (
+    EngineFailure,
+    EngineOptions,
+    Link,
+    default_identity,
+    default_lease_namespace,
+    parse_listen,
+)
 from tide.engine.service import Alone, EngineService, Round
-
-if TYPE_CHECKING:
-    from scheduler_policy.adapters.leader import LeaseApi, LeaseElector
 
 # The Lease elector (kubernetes) and the HTTP server (aiohttp) are imported when the engine
 # runs, not when ``tide`` starts: every other command would pay seconds for them.
 
 logger = logging.getLogger(__name__)
 
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 SYNC_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
-
-
-class EngineFailure(Exception):
-    """``tide engine`` cannot run (or its one round failed); the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineOptions:
-    """What ``tide engine`` was asked for.
-
-    Attributes:
-        policy_path: the ElasticPolicy file.
-        kubeconfig: a kubeconfig file; None for the in-cluster service account.
-        prometheus_url: Prometheus' URL; None when the command line gives none.
-        host: the address the HTTP server binds.
-        port: its port (0 picks a free one).
-        dry_run: decide and log, never write (and hold no Lease).
-        once: one reconcile, then exit.
-        lease_namespace: the leader Lease's namespace.
-        lease_name: the leader Lease's name.
-        namespace: the namespace whose Jobs are managed; None for all.
-        identity: this engine's identity in the Lease.
-        lease_duration_s: the Lease's duration, seconds.
-        renew_every_s: how often the Lease is renewed (or tried for), seconds.
-    """
-
-    policy_path: Path
-    kubeconfig: Path | None = None
-    prometheus_url: str | None = None
-    host: str = "0.0.0.0"
-    port: int = 8080
-    dry_run: bool = False
-    once: bool = False
-    lease_namespace: str = "default"
-    lease_name: str = "tide-engine"
-    namespace: str | None = None
-    identity: str = ""
-    lease_duration_s: float = 15.0
-    renew_every_s: float = 5.0
-
-
-class Link(Protocol):
-    """The engine's connection to the API server: the cluster client and the Lease."""
-
-    @property
-    def cluster(self) -> ClusterClient:
-        """Queues, jobs and writes."""
-        ...
-
-    def lease_api(self, *, namespace: str, name: str) -> LeaseApi:
-        """The leader Lease ``namespace/name`` over the same connection."""
-        ...
-
-    def sync(self, *, timeout_s: float) -> None:
-        """Start watching (long-running) or probe the server once (``--once``).
-
-        Raises:
-            TideError: the server cannot be reached, or did not sync within ``timeout_s``.
-        """
-        ...
-
-    def on_change(self, callback: Callable[[str], None]) -> None:
-        """Call ``callback(why)`` when a pending gang appears (reconcile now)."""
-        ...
-
-    def stop(self) -> None:
-        """Stop the watches."""
-        ...
 
 
 def connect_volcano(options: EngineOptions) -> Link:
@@ -128,89 +59,6 @@ def connect_volcano(options: EngineOptions) -> Link:
     from tide.engine.volcano_link import VolcanoLink
 
     return VolcanoLink(options)
-
-
-def default_lease_namespace() -> str:
-    """The pod's own namespace when in a cluster, else ``default``."""
-    try:
-        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
-    except OSError:
-        return "default"
-
-
-def default_identity() -> str:
-    """The host (the pod's name in a cluster) and a random suffix: unique per process."""
-    return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-
-
-def parse_listen(value: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:8080`` for IPv6) as a host and a port.
-
-    Raises:
-        ValueError: not HOST:PORT with a port in 0..65535; the message quotes the value.
-    """
-    host, sep, port = value.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--listen: must be HOST:PORT with a port in 0..65535, got {value!r}")
-    return host, int(port)
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and a record's ``tide`` fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, object] = {
-            "time": datetime.fromtimestamp(record.created, tz=timezone.utc)
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
-            "level": record.levelname,
-            "logger": record.name,
-        }
-        fields = getattr(record, "tide", None)
-        if isinstance(fields, dict):
-            line.update(fields)
-        else:
-            line["message"] = record.getMessage()
-        if record.exc_info:
-            line["error"] = self.formatException(record.exc_info)
-        return json.dumps(line, default=str)
-
-
-class _StderrHandler(logging.Handler):
-    """Writes to whatever ``sys.stderr`` is at the time of each record."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            sys.stderr.write(self.format(record) + "\n")
-            sys.stderr.flush()
-        except Exception:
-            self.handleError(record)
-
-
-@contextmanager
-def json_logging(level: int = logging.INFO) -> Iterator[None]:
-    """While inside, the root logger writes JSON lines to stderr at ``level``.
-
-    The engine is the application here, so it owns the root logger: the plain handler the
-    ``tide`` command installed is swapped out, and put back on the way out.
-    """
-    root = logging.getLogger()
-    plain = [h for h in root.handlers if type(h) is logging.StreamHandler]
-    handler = _StderrHandler()
-    handler.setFormatter(JsonFormatter())
-    previous = root.level
-    for h in plain:
-        root.removeHandler(h)
-    root.addHandler(handler)
-    root.setLevel(level)
-    try:
-        yield
-    finally:
-        root.removeHandler(handler)
-        for h in plain:
-            root.addHandler(h)
-        root.setLevel(previous)
 
 
 def _load(options: EngineOptions) -> ElasticPolicy:

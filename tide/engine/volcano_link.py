@@ -14,7 +14,7 @@ from scheduler_policy.vocabulary.errors import TemporaryError
 from scheduler_policy.vocabulary.protocols import ClusterClient
 
 if TYPE_CHECKING:
-    from tide.engine.command import EngineOptions
+    from tide.engine.options import EngineOptions
 
 
 class VolcanoLink:
