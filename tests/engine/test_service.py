@@ -8,12 +8,15 @@ import itertools
 import json
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.registry import CollectorRegistry
 
 from metrics_collector.engine_metrics import EngineMetrics
@@ -364,3 +367,33 @@ def test_stop_is_clean_and_abandons_a_stuck_round(make_service: Callable[..., Se
     wait_for(lambda: len(stuck.rounds) >= 1, "the round to block")
     assert not stuck.service.stop(timeout_s=0.05)  # abandoned, and says so
     gate.set()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "bad-yaml", "bad-field"]), min_size=1, max_size=8))
+def test_the_policy_in_force_is_the_last_valid_file_and_each_refusal_counts_once(
+    writes: list[str],
+) -> None:
+    contents = {
+        "a": policy_yaml(policy("a")),
+        "b": policy_yaml(policy("b")),
+        "bad-yaml": "spec: [unclosed\n",
+        "bad-field": policy_yaml(policy("c")).replace("interval:", "intervall:"),
+    }
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "policy.yaml"
+        watcher = PolicyWatcher(path)
+        in_force: str | None = None
+        previous: str | None = None
+        refusals = counted = 0
+        for name in writes:
+            path.write_text(contents[name])
+            read = watcher.poll()
+            counted += 1 if read is not None and not read.valid else 0
+            if name.startswith("bad"):
+                refusals += 1 if name != previous else 0
+            else:
+                in_force = name
+            previous = name
+            assert (watcher.policy.name if watcher.policy else None) == in_force
+        assert counted == refusals

@@ -7,6 +7,8 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scheduler_policy.adapters.leader import (
     LeaseAction,
@@ -226,3 +228,30 @@ def test_bad_settings_are_refused_naming_them(kwargs: dict[str, Any], named: str
     settings.update(kwargs)
     with pytest.raises(ValueError, match=named):
         LeaseElector(MemoryLeases(), **settings)  # type: ignore[arg-type]
+
+
+# -- invariants ---------------------------------------------------------------------------------
+
+holders = st.sampled_from([None, "me", "other", "third"])
+
+
+@given(
+    holder=holders,
+    duration_s=st.floats(1, 3600),
+    observed_at_s=st.floats(0, 1e6),
+    elapsed_s=st.floats(0, 1e4),
+)
+def test_a_live_lease_of_another_is_never_taken_and_mine_is_always_renewed(
+    holder: str | None, duration_s: float, observed_at_s: float, elapsed_s: float
+) -> None:
+    record = held_by(holder, duration_s=duration_s)
+    now_s = observed_at_s + elapsed_s
+    step = next_step(record=record, identity="me", observed_at_s=observed_at_s, now_s=now_s)
+    if holder == "me":
+        assert step.action is LeaseAction.RENEW
+    elif holder is None:
+        assert step.action is LeaseAction.TAKE
+    elif now_s - observed_at_s < duration_s:  # unchanged for less than the Lease's duration
+        assert step.action is LeaseAction.WAIT
+    else:
+        assert step.action is LeaseAction.TAKE
