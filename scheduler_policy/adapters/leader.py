@@ -407,7 +407,8 @@ class LeaseElector:
             record=record, identity=self.identity, observed_at_s=self._seen_at, now_s=now
         )
         if step.action is LeaseAction.WAIT:
-            self._lost_if_mine(record)
+            with self._lock:  # the Lease is someone else's: I am not the leader
+                self._renewed_at = None
             return step
         body = lease_body(
             name=self.api.name,
@@ -420,8 +421,10 @@ class LeaseElector:
         )
         try:
             written = self.api.create(body) if record is None else self.api.replace(body)
-        except ConflictError as e:
+        except ConflictError as e:  # someone else wrote first: whatever I held, I hold no more
             logger.info("Lease %s: %s", self.api.source, e)
+            with self._lock:
+                self._renewed_at = None
             return LeaseStep(LeaseAction.WAIT, str(e))
         with self._lock:
             self._renewed_at = now
@@ -430,11 +433,6 @@ class LeaseElector:
         if step.action is not LeaseAction.RENEW:
             logger.info("Lease %s: %s took it: %s", self.api.source, self.identity, step.why)
         return step
-
-    def _lost_if_mine(self, record: LeaseRecord | None) -> None:
-        if record is not None and record.holder != self.identity:
-            with self._lock:
-                self._renewed_at = None
 
     def _notify(self) -> None:
         leader = self.is_leader()

@@ -255,3 +255,21 @@ def test_a_live_lease_of_another_is_never_taken_and_mine_is_always_renewed(
         assert step.action is LeaseAction.WAIT
     else:
         assert step.action is LeaseAction.TAKE
+
+
+def test_a_leader_that_loses_a_renewal_race_stops_leading_at_once() -> None:
+    api, clock = MemoryLeases(), Clock()
+    a = elector(api, clock, "a")
+    a.try_once()
+    assert a.is_leader()
+    mine = api.read()
+    taken = lease_body(
+        name="tide-engine", namespace="ns", record=mine, action=LeaseAction.TAKE, identity="b",
+        lease_duration_s=15, now_s=clock.now_s,
+    )  # fmt: skip
+    # b writes the Lease between a's read and a's renewal (a was paused for too long).
+    a.api = RacingView(api, lambda: api.replace(taken))  # type: ignore[assignment]
+    clock.now_s += 1
+    assert a.try_once().action is LeaseAction.WAIT
+    assert not a.is_leader()  # at once, not at its renew deadline
+    assert api.read().holder == "b"  # type: ignore[union-attr]
