@@ -25,6 +25,7 @@ from scheduler_policy.adapters.volcano import (
     NotElastic,
     PatchRefused,
     VolcanoClient,
+    from_kubeconfig,
 )
 from scheduler_policy.vocabulary.errors import ConflictError
 from scheduler_policy.vocabulary.protocols import ReplicaChange
@@ -491,3 +492,10 @@ def test_an_explanation_that_fails_to_render_never_fails_the_write(world, starte
     assert "the template is broken" in caplog.text
     (event,) = world.core.list_namespaced_event(world.ns).items
     assert event.message == "an unrenderable explanation"
+
+
+def test_a_client_from_the_planes_kubeconfig_reads_the_cluster(world, control_plane):
+    world.job("a")
+    client = VolcanoClient(from_kubeconfig(str(control_plane.kubeconfig_path)),
+                           namespace=world.ns, watch=False)  # fmt: skip
+    assert [j.key for j in client.list_jobs()] == [f"{world.ns}/a"]
