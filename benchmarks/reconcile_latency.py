@@ -7,9 +7,11 @@ their pods bound to the nodes (as Volcano's controller and scheduler would), the
 ``reconcile`` (observe → fit → decide → apply) with ``VolcanoClient`` in watch mode (synced
 before the first round) and a trivial metrics source (every job measured at 1 and 2 replicas,
 free GPUs from the client's nodes). Each round advances the engine's clock by the policy's
-interval. Between rounds, outside the timed part, the benchmark does what Volcano's controller
-would: it creates the pods of grown jobs and deletes those above a shrunk job's replicas, then
-waits for the client's watches to see them.
+interval; from the third round on, a pending gang of ``--gang-gpus`` GPUs is submitted to one
+queue in turn before the round (a PodGroup in phase ``Inqueue``), so that rounds also shrink.
+Between rounds, outside the timed part, the benchmark does what Volcano's controller would: it
+creates the pods of grown jobs and deletes those above a shrunk job's replicas, then waits for
+the client's watches to see them.
 
 Prints each round (wall time, writes, requests) and the p50/p90 over the rounds; ``--json PATH``
 writes the records. Needs the binaries of ``make cluster-deps`` and ``../shared``.
@@ -48,6 +50,7 @@ from tests.cluster.controlplane import ControlPlane  # noqa: E402
 
 NAMESPACE = "bench"
 BATCH = ("batch.volcano.sh", "v1alpha1")
+SCHEDULING = ("scheduling.volcano.sh", "v1beta1")
 NOW_S = 1_800_000_000.0
 CREATE_THREADS = 8
 SETTLE_S = 180.0
@@ -150,6 +153,17 @@ class Cluster:
         for name in self.nodes:
             plane.add_gpu_node(name, gpus=node_gpus)
 
+    def submit_gang(self, name: str, *, queue: str, gpus: int) -> None:
+        """A non-elastic gang waiting for GPUs, as Volcano's controller makes its PodGroup."""
+        members = max(1, gpus // 8)
+        self.custom.create_namespaced_custom_object(*SCHEDULING, NAMESPACE, "podgroups", {
+            "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": name},
+            "spec": {"minMember": members, "queue": queue,
+                     "minResources": {"nvidia.com/gpu": str(gpus)}},
+            "status": {"phase": "Inqueue"},
+        })  # fmt: skip
+
     def node(self) -> str:
         self._next_node = (self._next_node + 1) % len(self.nodes)
         return self.nodes[self._next_node]
@@ -203,6 +217,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--node-gpus", type=int, default=320)
     parser.add_argument("--rounds", type=int, default=12, help="timed reconciles")
+    parser.add_argument("--gang-gpus", type=int, default=16,
+                        help="GPUs of the pending gang submitted before each round from the "
+                             "third on, to a queue in turn (0: none)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="write the records here")
     args = parser.parse_args()
     command = shlex.join([Path(sys.executable).name, *sys.argv])
@@ -258,6 +275,18 @@ def run(plane: ControlPlane, args: argparse.Namespace) -> list[dict[str, object]
     now_s = NOW_S
     try:
         for round_ in range(args.rounds):
+            if args.gang_gpus and round_ >= 2:
+                # Demand arrives: the engine shrinks that queue's jobs to make room for it.
+                gangs = len(client.list_pending_gangs())
+                cluster.submit_gang(
+                    f"gang-{round_:03d}",
+                    gpus=args.gang_gpus,
+                    queue=cluster.queues[round_ % len(cluster.queues)],
+                )
+                wait_until(
+                    "the gang in the client's cache",
+                    lambda gangs=gangs: len(client.list_pending_gangs()) > gangs,
+                )
             before = client.requests()
             timed.write_s = 0.0
             start = time.perf_counter()
