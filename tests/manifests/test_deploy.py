@@ -297,7 +297,7 @@ def test_defaults_render_the_engine_without_optional_objects(tmp_path: Path) -> 
         ("ServiceAccount", "tide-engine"),
     ]
     deployment = one(objects, "Deployment")
-    assert deployment["spec"]["replicas"] == 2, "two replicas: one leader, one warm follower"
+    assert deployment["spec"]["replicas"] == 1, "one replica: a follower's extender abstains"
     flags = _flags(_engine(objects))
     assert "--dry-run" not in flags
     assert flags["--lease-name"] == "tide-engine"
