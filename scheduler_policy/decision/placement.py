@@ -169,6 +169,9 @@ class _Pods:
         self.jobs = {job.key: job for job in jobs}
         self.indices: dict[JobKey, list[int]] = {}
         self.placed: dict[JobKey, list[tuple[str, float]]] = {}
+        self.on_node: dict[str, list[JobKey]] = {}
+        self.sums: dict[JobKey, list[float]] = {}
+        self.here: dict[tuple[JobKey, str], list[tuple[int, float]]] = {}
         for job in jobs:
             pods = sorted(
                 (pod.index, pod.node, pod.gpus)
@@ -177,6 +180,13 @@ class _Pods:
             )
             self.indices[job.key] = [index for index, _, _ in pods]
             self.placed[job.key] = [(node, gpus) for _, node, gpus in pods]
+            sums = [0.0]
+            for index, node, gpus in pods:
+                sums.append(sums[-1] + gpus)
+                self.here.setdefault((job.key, node), []).append((index, gpus))
+            self.sums[job.key] = sums
+            for node in dict.fromkeys(node for _, node, _ in pods):
+                self.on_node.setdefault(node, []).append(job.key)
 
     def cut(self, key: JobKey, target: int) -> int:
         """The index below which a job at ``target`` keeps its pods."""
@@ -196,6 +206,12 @@ class _Pods:
             for _, node, gpus in self.between(key, self.cut(key, targets[key]), _EVERY_INDEX):
                 out[node] += gpus
         return out
+
+    def given_up(self, key: JobKey, *, high: int, low: int) -> float:
+        """GPUs a job moving from target ``high`` to ``low`` gives up on known nodes."""
+        indices, sums = self.indices[key], self.sums[key]
+        start = bisect_left(indices, self.cut(key, low))
+        return sums[bisect_left(indices, self.cut(key, high))] - sums[start]
 
     def freed(self, key: JobKey, *, high: int, low: int) -> list[tuple[int, str, float]]:
         """Pods a job moving from target ``high`` to ``low`` gives up, highest index first."""
@@ -228,49 +244,94 @@ def _lost(job: ShapeJob, *, old: int, new: int) -> float:
     return 1.0 - x(new) / x(old) if old > 0 and x(old) > 0 else 0.0
 
 
+# A choice of further shrinks: (GPUs given up, throughput lost, the (job, new target) pairs).
+_Choice = tuple[float, float, tuple[tuple[JobKey, int], ...]]
+
+
+def _room(free: float, size: float) -> float:
+    """GPUs a node with ``free`` GPUs lacks to take one more pod of ``size``."""
+    return size * (_slots(free, size) + 1) - free
+
+
+def _node_options(
+    pods: _Pods, targets: Mapping[JobKey, int], *, node: str, need: float
+) -> list[list[tuple[float, float, float, JobKey, int]]]:
+    """Per job with pods on ``node`` above its floor, the shrinks that free GPUs there: each
+    (GPUs freed on the node, GPUs given up in all, throughput lost, job, new target), further
+    and further down, until the node has ``need``."""
+    out = []
+    for key in pods.on_node.get(node, ()):
+        job = pods.jobs[key]
+        target = targets[key]
+        if target <= job.floor_replicas:
+            continue
+        low, high = pods.cut(key, job.floor_replicas), pods.cut(key, target)
+        gained = 0.0
+        options = []
+        for index, gpus in reversed(pods.here[key, node]):
+            if index >= high:
+                continue
+            if index < low:
+                break
+            gained += gpus
+            cost = pods.given_up(key, high=target, low=index)
+            options.append((gained, cost, _lost(job, old=target, new=index), key, index))
+            if gained >= need - GPU_EPSILON:
+                break
+        if options:
+            out.append(options)
+    return out
+
+
+def _cheapest_on(
+    options: list[list[tuple[float, float, float, JobKey, int]]], *, need: float
+) -> _Choice | None:
+    """The cheapest choice of at most one shrink per job that frees ``need`` GPUs on a node
+    (a knapsack over the few jobs a node holds, the GPUs freed capped at ``need``)."""
+    best: dict[float, _Choice] = {0.0: (0.0, 0.0, ())}
+    for job_options in options:
+        grown = dict(best)
+        for gained, (cost, lost, chosen) in best.items():
+            for more, more_cost, more_lost, key, index in job_options:
+                state = round(min(need, gained + more), 9)
+                value = (cost + more_cost, lost + more_lost, (*chosen, (key, index)))
+                if state not in grown or value[:2] < grown[state][:2]:
+                    grown[state] = value
+        best = grown
+    done = [value for state, value in best.items() if state >= need - GPU_EPSILON]
+    return min(done, key=lambda v: v[:2]) if done else None
+
+
 def _next_move(
     pods: _Pods,
     residual: Mapping[str, float],
     targets: Mapping[JobKey, int],
     *,
     size: float,
-) -> tuple[JobKey, int] | None:
-    """The next further shrink for a gang of pods of ``size`` GPUs, as (job, new target).
+    seen: dict[tuple[str, float, tuple[int, ...]], _Choice | None],
+) -> tuple[tuple[JobKey, int], ...] | None:
+    """The next further shrinks for a gang of pods of ``size`` GPUs, as (job, new target) pairs.
 
-    The move that gains the gang one more pod's room for the fewest GPUs (a job's pods given up
-    highest index first until some node can take one more), then the least throughput lost;
-    when no job alone can, the one whose next pod brings a node closest to taking one. None
-    when no job can give up a pod on a known node.
+    The choice that gives one node room for one more of the gang's pods for the fewest GPUs
+    given up in all (each job gives up its pods highest index first, wherever they are), then
+    the least throughput lost. Nodes are tried from the one that lacks the fewest GPUs: no
+    choice on a node costs less than what it lacks, so the search stops there. None when no
+    node can get room. ``seen`` keeps each node's answer while its jobs' targets stay the same
+    (a move changes a few jobs: most nodes' answers carry over to the next move).
     """
-    best: tuple[float, float, str, int] | None = None
-    nearest: tuple[float, float, float, str, int] | None = None
-    for key, job in pods.jobs.items():
-        target = targets[key]
-        if target <= job.floor_replicas:
-            continue
-        added: dict[str, float] = {}
-        cost = 0.0
-        first = True
-        for index, node, gpus in pods.freed(key, high=target, low=job.floor_replicas):
-            before = residual[node] + added.get(node, 0.0)
-            after = before + gpus
-            added[node] = added.get(node, 0.0) + gpus
-            cost += gpus
-            lost = _lost(job, old=target, new=index)
-            if first:  # how close the job's next pod brings its node to taking one more
-                first = False
-                need = size - (after - size * _slots(after, size))
-                candidate = (need, cost, lost, key, index)
-                nearest = candidate if nearest is None or candidate < nearest else nearest
-            if _slots(after, size) > _slots(before, size):
-                move = (cost, lost, key, index)
-                best = move if best is None or move < best else best
-                break
-    if best is not None:
-        return JobKey(best[2]), best[3]
-    if nearest is not None:
-        return JobKey(nearest[3]), nearest[4]
-    return None
+    best: _Choice | None = None
+    for need, node in sorted((_room(free, size), node) for node, free in residual.items()):
+        if best is not None and best[0] <= need + GPU_EPSILON:
+            break
+        state = (node, round(need, 9), tuple(targets[k] for k in pods.on_node.get(node, ())))
+        if state in seen:
+            choice = seen[state]
+        else:
+            options = _node_options(pods, targets, node=node, need=need)
+            choice = seen[state] = _cheapest_on(options, need=need)
+        if choice is not None and (best is None or choice[:2] < best[:2]):
+            best = choice
+    return best[2] if best is not None else None
 
 
 def _extra_gpus(
@@ -299,16 +360,18 @@ def _search(
     trial = [*served, gang]
     found = dict(targets)
     free = pods.free(base, found)
+    seen: dict[tuple[str, float, tuple[int, ...]], _Choice | None] = {}
     for _ in range(max_moves):
         if _fits(free, trial):
             break
-        move = _next_move(pods, _residual(free, served), found, size=gang.gpus_per_pod)
-        if move is None:
+        residual = _residual(free, served)
+        moves = _next_move(pods, residual, found, size=gang.gpus_per_pod, seen=seen)
+        if moves is None:
             return None
-        key, target = move
-        for _, node, gpus in pods.freed(key, high=found[key], low=target):
-            free[node] += gpus
-        found[key] = target
+        for key, target in moves:
+            for _, node, gpus in pods.freed(key, high=found[key], low=target):
+                free[node] += gpus
+            found[key] = target
     else:
         if not _fits(free, trial):
             return None

@@ -217,20 +217,18 @@ SHAPES = {
         0.0,
     ),
     "a-shrink-the-fit-no-longer-needs-is-given-back": (
-        # Nodes of 4: n0 holds a0 a1 b0 b1, n1 a2 b2 b3 and 1 free; a gang of 2 x 2. The
-        # search first takes b3 (one pod of room on n1 for least throughput), then all of "a"
-        # (room on n0, and a2 gives n1 its room too): b3 is not needed and is given back.
-        nodes_holding(
-            on("n0", 0, 1), on("n1", 2), on("n0", 0, 1), on("n1", 2, 3), count=2, size=4.0
-        ),
+        # Nodes of 4, 1 GPU free on each: n0 holds a0 b0 b1, n1 a1 a2 b2; a gang of 2 x 2.
+        # The search first takes a2 (room on n1 for 1 GPU), then b2 and b1 (room on n0, and
+        # b2 gives n1 its room too): a2 is not needed and is given back.
+        nodes_holding(on("n0", 0), on("n1", 1, 2), on("n0", 0, 1), on("n1", 2), count=2, size=4.0),
         [
-            shape_job("a", on("n0", 0, 1) + on("n1", 2), target=3, floor=0),
-            shape_job("b", on("n0", 0, 1) + on("n1", 2, 3), target=4, floor=0),
+            shape_job("a", on("n0", 0) + on("n1", 1, 2), target=3, floor=0),
+            shape_job("b", on("n0", 0, 1) + on("n1", 2), target=3, floor=0),
         ],
         [gang(pods=2, gpus_per_pod=2.0)],
-        {"a": 0, "b": 4},
+        {"a": 3, "b": 1},
         [True],
-        3.0,
+        2.0,
     ),
 }
 
