@@ -601,3 +601,59 @@ def test_a_gang_said_not_to_fit_fits_no_shrink_down_to_the_floors(problem):
             for j in jobs
         ]
         assert not fits_by_count(free_by_rule(nodes, floors), gangs[0])
+
+
+@st.composite
+def gang_observations(draw):
+    """Research's elastic jobs fill 4 nodes of 8 in spread or binpack order; prod waits with
+    one or two gangs (their GPUs also in prod's pending work)."""
+    counts = draw(st.lists(st.integers(4, 16), min_size=1, max_size=3))
+    counts = counts[: next(i for i in range(len(counts), 0, -1) if sum(counts[:i]) <= 32)]
+    order = draw(st.sampled_from(["spread", "binpack"]))
+    slot = 0
+    jobs = []
+    for j, count in enumerate(counts):
+        pods = []
+        for index in range(count):
+            node = slot % 4 if order == "spread" else slot // 8
+            pods.append(PodPlacement(index, f"n{node}", 1.0))
+            slot += 1
+        lowest = draw(st.integers(0, 2))
+        job = make_job(f"r{j}", queue="research", current=count, min_replicas=lowest,
+                       max_replicas=max(count, 1), sizes=(1, 2, 4))  # fmt: skip
+        jobs.append(dataclasses.replace(job, pods=tuple(pods)))
+    shapes = st.tuples(st.integers(1, 3), st.sampled_from([1.0, 4.0, 8.0, 8.0]))
+    wanted = draw(st.lists(shapes, min_size=1, max_size=2))
+    gangs = tuple(
+        gang(f"g{g}", pods=pods, gpus_per_pod=per_pod) for g, (pods, per_pod) in enumerate(wanted)
+    )
+    pending = sum(g.gpus for g in gangs)
+    observation = make_observation(
+        *jobs,
+        queues=(
+            make_queue("research", capability=32, deserved=8),
+            make_queue("prod", capability=32, deserved=24, pending=pending),
+        ),
+        free=32 - slot,
+    )
+    pods = [job.pods for job in jobs]
+    return dataclasses.replace(observation, nodes=nodes_holding(*pods), pending_gangs=gangs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(gang_observations())
+def test_placement_only_lowers_settled_targets_and_keeps_the_minimums(observation):
+    with_gangs = decide(observation, POLICY, fits=ModelCache().fit(observation, POLICY))
+    plain = dataclasses.replace(observation, pending_gangs=())
+    without = decide(plain, POLICY, fits=ModelCache().fit(plain, POLICY))
+    settled = {d.job: d.target_replicas for d in without.decisions}
+    jobs = {job.key: job for job in observation.jobs}
+    for decision in with_gangs.decisions:
+        assert jobs[decision.job].min_replicas <= decision.target_replicas
+        assert decision.target_replicas <= settled[decision.job]
+        shrunk = decision.target_replicas < settled[decision.job]
+        assert shrunk == (decision.reason is Reason.SHRINK_FOR_GANG_SHAPE)
+    kept = [(jobs[d.job].pods, min(d.target_replicas, d.current_replicas))
+            for d in with_gangs.decisions]  # fmt: skip
+    free = free_by_rule(observation.nodes, kept)
+    assert [fit.fits for fit in with_gangs.gangs] == _spread(free, observation.pending_gangs)
