@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler_policy.decision.gang_placement import place_gangs
 from scheduler_policy.decision.messages import gang_fit_message
 from scheduler_policy.decision.pipeline import decide
-from scheduler_policy.decision.placement import ShapeJob, place_gangs, plan_gang_shape
+from scheduler_policy.decision.placement import ShapeJob, plan_gang_shape
 from scheduler_policy.engine.reconcile import reconcile
 from scheduler_policy.models.cache import ModelCache
 from scheduler_policy.testing.fake import FakeCluster
