@@ -25,6 +25,11 @@ Exported:
 - ``tide_metrics_fresh``: 1 when the last observation's metrics were fresh, else 0.
 - ``tide_metrics_stale_series``: series (or whole figures) stale, missing or NaN in the last
   sample, stale jobs included.
+- ``tide_policy_valid``: 1 when the policy file last read was valid (and is in force), else 0;
+  ``tide_policy_reload_failures_total``: policy files refused (counter). Both are set by the
+  service's ``record_policy``, absent until it is first called.
+- ``tide_leader``: 1 while this engine holds the leader Lease (and so may write), else 0; set
+  by ``record_leader``, absent until it is first called.
 """
 
 from __future__ import annotations
@@ -79,6 +84,9 @@ class EngineMetrics(Collector):
         self._decisions: Counter[str] = Counter()
         self._writes: Counter[str] = Counter({"applied": 0, "failed": 0})
         self._failures = 0
+        self._policy_valid: bool | None = None
+        self._policy_failures = 0
+        self._leader: bool | None = None
         self._snapshot: list[Metric] = []
         if registry is not None:
             registry.register(self)
@@ -203,6 +211,50 @@ class EngineMetrics(Collector):
             self._observe_duration(duration_s)
             self._failures += 1
 
+    def record_policy(self, *, valid: bool) -> None:
+        """Take in one read of the policy file.
+
+        Args:
+            valid: whether it was valid (and took effect); an invalid one counts as a reload
+                failure, and ``tide_policy_valid`` reads 0 until a valid one is read.
+        """
+        with self._lock:
+            self._policy_valid = valid
+            if not valid:
+                self._policy_failures += 1
+
+    def record_leader(self, leader: bool) -> None:
+        """Take in whether this engine is the leader now."""
+        with self._lock:
+            self._leader = leader
+
+    def _service(self) -> list[Metric]:
+        families: list[Metric] = []
+        if self._policy_valid is not None:
+            families.append(
+                CounterMetricFamily(
+                    "tide_policy_reload_failures",
+                    "Policy files refused as invalid; the policy in force stayed.",
+                    value=self._policy_failures,
+                )
+            )
+            families.append(
+                GaugeMetricFamily(
+                    "tide_policy_valid",
+                    "1 when the policy file last read was valid, else 0.",
+                    value=1.0 if self._policy_valid else 0.0,
+                )
+            )
+        if self._leader is not None:
+            families.append(
+                GaugeMetricFamily(
+                    "tide_leader",
+                    "1 while this engine holds the leader Lease and may write, else 0.",
+                    value=1.0 if self._leader else 0.0,
+                )
+            )
+        return families
+
     def _counters(self) -> Iterable[Metric]:
         decisions = CounterMetricFamily(
             "tide_decisions", "Decisions made, by reason.", labels=["reason"]
@@ -232,4 +284,4 @@ class EngineMetrics(Collector):
     def collect(self) -> Iterable[Metric]:
         """See ``prometheus_client.registry.Collector``."""
         with self._lock:
-            return [*self._counters(), *self._snapshot]
+            return [*self._counters(), *self._service(), *self._snapshot]

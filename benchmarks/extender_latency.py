@@ -1,0 +1,173 @@
+"""How long the engine's extender takes to answer Volcano's ``reclaimable`` (110, 1,000 evictees).
+
+Volcano's extender plugin waits at most ``httpTimeout`` (1 s) for an answer. For each size in
+``--evictees`` this builds one body of the recorded shape
+(``../shared/volcano-wire/v1.15.1/extender-reclaimable-request.json``) with that many copies of
+its first TaskInfo (varied UID, name and task index, the whole Pod
+kept), posts it ``--requests`` times to the real server (``tide.engine.http.EngineHttp``) on
+127.0.0.1 over one kept-alive connection, as Volcano's Go client does, and times the round trip;
+then it times the server's own steps alone: ``parse_eviction``, ``Extender.answer`` and the
+encoding of the reply. The view shrinks the job to half its evictees, so the answer withholds
+half and echoes the other half back (the clock is pinned so no grace window runs out).
+
+    python benchmarks/extender_latency.py --json benchmarks/out/extender_latency.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import http.client
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from scheduler_policy.extender import Extender, ExtenderView, ShrinkingJob, parse_eviction
+from scheduler_policy.vocabulary.state import JobKey
+from tide.engine.http import EngineHttp
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDED = REPO / ".." / "shared" / "volcano-wire" / "v1.15.1" / "extender-reclaimable-request.json"
+JOB = JobKey("default/elastic")
+MADE_S = 1_000_000.0
+TARGET_P99_MS = 50.0
+
+
+def build_body(evictees: int) -> dict[str, Any]:
+    """The recorded body with ``evictees`` copies of its first evictee, indices 0..evictees-1."""
+    body: dict[str, Any] = json.loads(RECORDED.read_text())
+    template = body["evictees"][0]
+    out = []
+    for i in range(evictees):
+        info = copy.deepcopy(template)
+        info["UID"] = f"00000000-0000-4000-8000-{i:012d}"
+        info["Name"] = f"elastic-worker-{i}"
+        metadata = info["Pod"]["metadata"]
+        metadata["name"], metadata["uid"] = info["Name"], info["UID"]
+        for where in ("labels", "annotations"):
+            metadata[where]["volcano.sh/task-index"] = str(i)
+        out.append(info)
+    body["evictees"] = out
+    return body
+
+
+def percentile_ms(values_s: list[float], q: float) -> float:
+    ordered = sorted(values_s)
+    rank = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[rank] * 1000.0
+
+
+def measure(evictees: int, requests: int) -> tuple[dict[str, list[float]], int, int]:
+    """Time ``requests`` answers to a body of ``evictees``: each step's durations, seconds."""
+    body = build_body(evictees)
+    raw = json.dumps(body).encode()
+    target = evictees // 2
+    view = ExtenderView(
+        jobs={JOB: ShrinkingJob(key=JOB, task="worker", target_replicas=target, min_replicas=1)},
+        leader=True,
+        made_s=MADE_S,
+    )
+    extender = Extender(stale_after_s=90.0)
+    extender.update(view)
+    server = EngineHttp(
+        alive=lambda: True,
+        ready=lambda: (True, ""),
+        registry=CollectorRegistry(),
+        extender=extender,
+        on_withheld=lambda: None,
+        now_s=lambda: MADE_S,
+    )
+    port = server.start("127.0.0.1", 0)
+    steps: dict[str, list[float]] = {"round_trip": [], "parse": [], "answer": [], "encode": []}
+    reply = b""
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        headers = {"Content-Type": "application/json"}
+        for k in range(requests + 5):  # the first 5 warm up, untimed
+            began = time.perf_counter()
+            connection.request("POST", "/extender/reclaimable", body=raw, headers=headers)
+            response = connection.getresponse()
+            reply = response.read()
+            elapsed = time.perf_counter() - began
+            assert response.status == 200, (response.status, reply[:200])
+            if k >= 5:
+                steps["round_trip"].append(elapsed)
+        answered = json.loads(reply)
+        assert answered["status"] == 1 and len(answered["victims"]) == target
+        connection.close()
+    finally:
+        server.stop()
+    for _ in range(requests):
+        began = time.perf_counter()
+        request = parse_eviction(raw)
+        parsed = time.perf_counter()
+        answer = extender.answer(request, verb="reclaimable", now_s=MADE_S)
+        done = time.perf_counter()
+        answer.body_bytes()
+        steps["encode"].append(time.perf_counter() - done)
+        steps["parse"].append(parsed - began)
+        steps["answer"].append(done - parsed)
+        assert len(answer.withheld) == evictees - target
+    return steps, len(raw), len(reply)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--evictees",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[110, 1000],
+        help="body sizes, comma-separated (110: a full node's pods, Kubernetes' default limit)",
+    )
+    parser.add_argument("--requests", type=int, default=200, help="round trips timed per size")
+    parser.add_argument("--json", type=Path, help="write the records here")
+    args = parser.parse_args()
+    if not RECORDED.exists():
+        sys.exit(f"the recorded reclaimable body is absent at {RECORDED} (../shared absent)")
+
+    print(
+        f"extender reclaimable, {args.requests} requests per size; {os.cpu_count()} cores, "
+        f"{platform.machine()}, Python {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.1f} at start"
+    )
+    print("command: python " + " ".join(sys.argv))
+    print(f"{'evictees':>8} {'MB in':>6} {'MB out':>6} {'step':<18} {'p50 ms':>8} {'p99 ms':>8}")
+    labels = {
+        "round_trip": "round trip (HTTP)",
+        "parse": "parse_eviction",
+        "answer": "Extender.answer",
+        "encode": "encode reply",
+    }
+    records: list[dict[str, object]] = []
+    for evictees in args.evictees:
+        steps, body_bytes, reply_bytes = measure(evictees, args.requests)
+        base = {"evictees": evictees, "requests": args.requests, "body_bytes": body_bytes}
+        for step, values in steps.items():
+            p50, p99 = percentile_ms(values, 0.5), percentile_ms(values, 0.99)
+            print(
+                f"{evictees:>8} {body_bytes / 1e6:>6.2f} {reply_bytes / 1e6:>6.2f} "
+                f"{labels[step]:<18} {p50:>8.2f} {p99:>8.2f}"
+            )
+            for quantile, value in (("p50", p50), ("p99", p99)):
+                records.append(
+                    {"metric": f"extender_{step}_{quantile}", "value": round(value, 3),
+                     "unit": "ms", **base}
+                )  # fmt: skip
+        answer_p99 = percentile_ms(steps["answer"], 0.99)
+        verdict = "within" if answer_p99 < TARGET_P99_MS else "OVER"
+        print(f"{'':>8} Extender.answer p99 {answer_p99:.2f} ms: {verdict} the "
+              f"{TARGET_P99_MS:g} ms target; Volcano waits 1000 ms")  # fmt: skip
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(records, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""The extender's answer to Volcano: which proposed victims tide keeps while its own shrink runs.
+
+Volcano's reclaim runs every scheduling session (about a second); tide decides on an interval, so
+without help reclaim kills the elastic pods tide is about to shrink gracefully. Asked first (the
+``reclaimable``/``preemptable`` verbs), tide withholds those pods for a bounded grace window, a
+little longer than their save-and-exit time, and reconciles at once; its shrink frees the GPUs and
+Volcano places the gang in a following session. The rules (DESIGN.md, "Graceful shrink"):
+
+- abstain (``status 0``) when tide is not the leader, has no plan, or its plan is older than the
+  staleness bound: Volcano then proceeds as if tide were absent;
+- a pod is withheld when its Volcano job is being shrunk by tide and its task index is at or
+  above the job's target (the pods tide's shrink deletes), never below the job's minimum, never
+  when the pod is not preemptable (not tide's to offer or protect), and only for the pod's
+  ``terminationGracePeriodSeconds`` plus a margin, counted from the first time it was withheld;
+- nothing withheld: abstain; otherwise ``status 1`` with the victims = the evictees minus the
+  withheld, each the TaskInfo object Volcano sent (it matches victims by UID and evicts the
+  objects it reads back).
+
+``ExtenderView`` is pure data built after each reconcile; ``Extender`` is the one mutable object
+(the engine thread swaps the view, the HTTP thread answers), guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from scheduler_policy.decision.pipeline import Plan
+from scheduler_policy.extender.bodies import EvictionRequest, Task
+from scheduler_policy.vocabulary.state import JobKey, Observation
+
+__all__ = [
+    "DEFAULT_GRACE_MARGIN_S",
+    "VERBS",
+    "Answer",
+    "AnswerReason",
+    "Extender",
+    "ExtenderView",
+    "ShrinkingJob",
+]
+
+VERBS = ("reclaimable", "preemptable")
+"""The extender verbs tide answers."""
+
+DEFAULT_GRACE_MARGIN_S = 15.0
+"""Added to a pod's grace period: the time tide's reconcile and the pod deletion take."""
+
+ABSTAIN = 0
+AGREE = 1
+_NAMED = 5
+"""Pods an answer's message names; the rest are counted."""
+
+
+class AnswerReason(str, enum.Enum):
+    """Why the extender answered as it did: CamelCase, as the engine's decisions."""
+
+    NOT_LEADER = "NotLeader"
+    NO_PLAN = "NoPlan"
+    PLAN_STALE = "PlanStale"
+    NOTHING_TO_WITHHOLD = "NothingToWithhold"
+    GRACE_WINDOW_OVER = "GraceWindowOver"
+    WITHHOLD_FOR_SHRINK = "WithholdForShrink"
+
+
+@dataclass(frozen=True, slots=True)
+class ShrinkingJob:
+    """An elastic job tide is shrinking (or just shrank): the pods it will delete are its own.
+
+    Attributes:
+        key: the Volcano Job key ``namespace/name``.
+        task: the scaling task's name; pods of other tasks are not tide's.
+        target_replicas: replicas tide shrinks it to: pods with task index >= this go.
+        min_replicas: the job's minimum (the minAvailable floor): pods below it are never tide's.
+    """
+
+    key: JobKey
+    task: str
+    target_replicas: int
+    min_replicas: int
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderView:
+    """What the extender knows of tide's plan: the jobs tide is shrinking, and whether to speak.
+
+    Attributes:
+        jobs: the shrinking jobs by key.
+        leader: whether this engine is the leader (only the leader's plan is applied).
+        made_s: when the plan was made, seconds since the epoch.
+    """
+
+    jobs: Mapping[JobKey, ShrinkingJob]
+    leader: bool
+    made_s: float
+
+    @classmethod
+    def from_plan(
+        cls, plan: Plan, observation: Observation, *, leader: bool, now_s: float
+    ) -> ExtenderView:
+        """The view of one reconcile's plan.
+
+        A job is shrinking when its decision's target is below its current replicas (tide is
+        about to shrink it), or when it still has pods at or above its replicas (tide just did:
+        those pods are terminating). Non-elastic jobs never are.
+
+        Args:
+            plan: what ``decide`` returned for the observation.
+            observation: the observation the plan was made from.
+            leader: whether this engine is the leader.
+            now_s: when the plan was made, seconds since the epoch (the view's age counts from it).
+
+        Returns:
+            The view.
+        """
+        targets = {d.job: d.target_replicas for d in plan.decisions}
+        jobs: dict[JobKey, ShrinkingJob] = {}
+        for job in observation.jobs:
+            if not job.elastic:
+                continue
+            target = min(targets.get(job.key, job.current_replicas), job.current_replicas)
+            beyond = any(pod.index >= job.current_replicas for pod in job.pods)
+            if target < job.current_replicas or beyond:
+                jobs[job.key] = ShrinkingJob(
+                    key=job.key,
+                    task=job.task,
+                    target_replicas=max(target, 0),
+                    min_replicas=job.min_replicas,
+                )
+        return cls(jobs=MappingProxyType(jobs), leader=leader, made_s=now_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The extender's answer to one request.
+
+    Attributes:
+        status: 0 abstain, 1 the victims are the ones tide agrees to.
+        victims: the evictees tide agrees to, in Volcano's order (empty when abstaining).
+        withheld: the evictees tide keeps for its own shrink; non-empty means the engine should
+            reconcile at once.
+        reason: why, CamelCase.
+        message: one sentence for people.
+    """
+
+    status: int
+    victims: tuple[Task, ...]
+    withheld: tuple[Task, ...]
+    reason: AnswerReason
+    message: str = field(default="", compare=False)
+
+    def body(self) -> dict[str, Any]:
+        """The JSON reply Volcano reads, as a dict.
+
+        Returns:
+            ``{"status": 0}``, or ``{"status": 1, "victims": [...]}`` with each victim the
+            TaskInfo object Volcano sent.
+        """
+        if self.status == ABSTAIN:
+            return {"status": ABSTAIN}
+        return {"status": self.status, "victims": [task.raw for task in self.victims]}
+
+    def body_bytes(self) -> bytes:
+        """``body()`` as JSON, each victim's text echoed exactly as Volcano sent it."""
+        if self.status == ABSTAIN:
+            return json.dumps(self.body(), separators=(",", ":")).encode()
+        victims = ",".join(task.text for task in self.victims)
+        return f'{{"status":{self.status},"victims":[{victims}]}}'.encode()
+
+
+class Extender:
+    """Answers Volcano's eviction verbs from the latest view; thread-safe.
+
+    Args:
+        stale_after_s: a view older than this is not trusted (abstain), seconds; e.g. three
+            times the policy interval.
+        grace_margin_s: added to a pod's grace period to make its window, seconds.
+
+    Raises:
+        ValueError: a bound that is not a finite number > 0 (margin: >= 0).
+    """
+
+    def __init__(
+        self, *, stale_after_s: float, grace_margin_s: float = DEFAULT_GRACE_MARGIN_S
+    ) -> None:
+        if not grace_margin_s >= 0 or grace_margin_s == float("inf"):
+            raise ValueError(f"grace_margin_s: must be a finite number >= 0, got {grace_margin_s}")
+        self._stale_after_s = _check_bound(stale_after_s)
+        self.grace_margin_s = grace_margin_s
+        self._lock = threading.Lock()
+        self._view: ExtenderView | None = None
+        # pod UID -> (its job, when it was first withheld, seconds since the epoch)
+        self._first_withheld_s: dict[str, tuple[JobKey, float]] = {}
+
+    @property
+    def stale_after_s(self) -> float:
+        """A view older than this is not trusted, seconds."""
+        return self._stale_after_s
+
+    @stale_after_s.setter
+    def stale_after_s(self, value: float) -> None:
+        """Change the bound (the policy's interval changed).
+
+        Raises:
+            ValueError: not a finite number > 0.
+        """
+        self._stale_after_s = _check_bound(value)
+
+    @property
+    def view(self) -> ExtenderView | None:
+        """The view answered from; None before the first ``update``."""
+        with self._lock:
+            return self._view
+
+    def update(self, view: ExtenderView) -> None:
+        """Answer from ``view`` from now on.
+
+        Grace windows of pods whose job is no longer shrinking are forgotten (the shrink is
+        over; a later shrink starts new windows).
+
+        Args:
+            view: the view of the latest plan.
+        """
+        with self._lock:
+            self._view = view
+            self._first_withheld_s = {
+                uid: entry for uid, entry in self._first_withheld_s.items() if entry[0] in view.jobs
+            }
+
+    def answer(self, request: EvictionRequest, *, verb: str, now_s: float) -> Answer:
+        """Answer one ``reclaimable`` or ``preemptable`` request.
+
+        Args:
+            request: the parsed body.
+            verb: the verb it was posted to (one of ``VERBS``).
+            now_s: the time now, seconds since the epoch.
+
+        Returns:
+            The answer; ``withheld`` non-empty means the engine should reconcile at once.
+
+        Raises:
+            ValueError: an unknown verb.
+        """
+        if verb not in VERBS:
+            raise ValueError(f"verb: must be one of {', '.join(VERBS)}, got {verb!r}")
+        with self._lock:
+            view = self._view
+            if view is None:
+                return _abstain(AnswerReason.NO_PLAN, "tide has made no plan yet")
+            if not view.leader:
+                return _abstain(AnswerReason.NOT_LEADER, "this engine is not the leader")
+            age_s = now_s - view.made_s
+            if age_s > self.stale_after_s:
+                return _abstain(
+                    AnswerReason.PLAN_STALE,
+                    f"tide's plan is {age_s:.1f} s old, more than {self.stale_after_s:g} s",
+                )
+            return self._withhold(request, view, now_s=now_s)
+
+    def _withhold(self, request: EvictionRequest, view: ExtenderView, *, now_s: float) -> Answer:
+        victims: list[Task] = []
+        withheld: list[Task] = []
+        expired = 0
+        for task in request.evictees:
+            job = _shrinking_job_of(task, view)
+            if job is None:
+                victims.append(task)
+                continue
+            _, since_s = self._first_withheld_s.setdefault(task.uid, (job.key, now_s))
+            if now_s - since_s >= task.grace_period_s + self.grace_margin_s:
+                expired += 1
+                victims.append(task)
+            else:
+                withheld.append(task)
+        if not withheld:
+            if expired:
+                return _abstain(
+                    AnswerReason.GRACE_WINDOW_OVER,
+                    f"the grace window of {expired} pod(s) tide is shrinking is over",
+                )
+            return _abstain(AnswerReason.NOTHING_TO_WITHHOLD, "no evictee is tide's to withhold")
+        names = ", ".join(task.name for task in withheld[:_NAMED])
+        if len(withheld) > _NAMED:
+            names += f" and {len(withheld) - _NAMED} more"
+        return Answer(
+            status=AGREE,
+            victims=tuple(victims),
+            withheld=tuple(withheld),
+            reason=AnswerReason.WITHHOLD_FOR_SHRINK,
+            message=f"tide withholds {names}: its own shrink deletes them gracefully",
+        )
+
+
+def _shrinking_job_of(task: Task, view: ExtenderView) -> ShrinkingJob | None:
+    """The job whose shrink deletes this pod, or None when the pod is not tide's to withhold.
+
+    It is tide's when it is preemptable, of the scaling task of a job tide shrinks, with a task
+    index at or above the job's target and its minimum.
+    """
+    if not task.preemptable or task.job is None or task.task_index is None:
+        return None
+    job = view.jobs.get(task.job)
+    if job is None or (task.role and task.role != job.task):
+        return None
+    if task.task_index < job.target_replicas or task.task_index < job.min_replicas:
+        return None
+    return job
+
+
+def _check_bound(stale_after_s: float) -> float:
+    if not stale_after_s > 0 or stale_after_s == float("inf"):
+        raise ValueError(f"stale_after_s: must be a finite number > 0, got {stale_after_s}")
+    return stale_after_s
+
+
+def _abstain(reason: AnswerReason, message: str) -> Answer:
+    return Answer(status=ABSTAIN, victims=(), withheld=(), reason=reason, message=message)

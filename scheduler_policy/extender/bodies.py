@@ -1,0 +1,298 @@
+"""The bodies Volcano's ``extender`` plugin posts for ``reclaimable`` and ``preemptable``.
+
+Volcano sends its Go structs with their untagged field names: ``{"evictor": TaskInfo,
+"evictees": [TaskInfo, ...]}``, each TaskInfo with ``UID``, ``Job`` (``"<ns>/<PodGroup name>"``),
+``Name``, ``Namespace``, ``TaskRole``, ``Resreq.ScalarResources`` in milli-units, ``NodeName``,
+``Preemptable`` and ``Pod`` (the whole Pod). Recorded: ``../shared/volcano-wire/v1.15.1/
+extender-reclaimable-request.json``.
+
+The TaskInfo's own fields are read strictly (a missing or ill-typed one is a ``BodyError`` naming
+its path); what is read from the Pod (labels, annotations, grace period) is read leniently: a
+label tide cannot read makes the pod not tide's (no job, no index), it never refuses the request,
+so that one odd pod never costs the others their answer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler_policy.extender.scan import decode_body, gc_paused
+from scheduler_policy.vocabulary.errors import TideError
+from scheduler_policy.vocabulary.state import JobKey
+
+__all__ = [
+    "DEFAULT_GRACE_PERIOD_S",
+    "GPU_RESOURCE",
+    "JOB_NAME_LABEL",
+    "MAX_BODY_BYTES",
+    "PREEMPTABLE_LABEL",
+    "TASK_INDEX_LABEL",
+    "TASK_SPEC_LABEL",
+    "BodyError",
+    "EvictionRequest",
+    "ExtenderError",
+    "Task",
+    "parse_eviction",
+]
+
+GPU_RESOURCE = "nvidia.com/gpu"
+JOB_NAME_LABEL = "volcano.sh/job-name"
+TASK_INDEX_LABEL = "volcano.sh/task-index"
+TASK_SPEC_LABEL = "volcano.sh/task-spec"
+PREEMPTABLE_LABEL = "volcano.sh/preemptable"
+
+DEFAULT_GRACE_PERIOD_S = 30.0
+"""Kubernetes' default ``terminationGracePeriodSeconds``."""
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+"""The largest body read: the recorded TaskInfo is about 5.6 KB, so room for ~3,000 evictees
+(a reclaim's evictees are the pods on one node, far fewer)."""
+
+_MILLI = 1000.0
+
+
+class ExtenderError(TideError):
+    """Base of the extender's errors."""
+
+
+class BodyError(ExtenderError, ValueError):
+    """A request body that is not what Volcano sends; the message names what is wrong and where."""
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One TaskInfo of a request: a pod Volcano proposes to evict, or the one it evicts for.
+
+    Attributes:
+        uid: the pod's UID (``UID``): Volcano matches victims by it.
+        podgroup: the PodGroup key ``namespace/name`` (``Job``).
+        name: the pod's name.
+        namespace: the pod's namespace.
+        role: the task's name (``TaskRole``, else the pod's ``volcano.sh/task-spec``); "" unknown.
+        node: the node it is bound to (``NodeName``); None when not bound.
+        gpus: GPUs it requests (``Resreq.ScalarResources["nvidia.com/gpu"]`` / 1000).
+        preemptable: False when Volcano says so (``Preemptable``) or the pod is marked
+            ``volcano.sh/preemptable: "false"`` (annotation or label).
+        job: the Volcano Job key ``namespace/<volcano.sh/job-name>``; None when the pod has none.
+        task_index: the pod's ``volcano.sh/task-index``; None when absent or not an integer.
+        grace_period_s: the pod's ``spec.terminationGracePeriodSeconds`` (default 30 s).
+        text: the TaskInfo's JSON text exactly as Volcano sent it, echoed back in the victims
+            (``raw`` decodes it).
+    """
+
+    uid: str
+    podgroup: str
+    name: str
+    namespace: str
+    role: str
+    node: str | None
+    gpus: float
+    preemptable: bool
+    job: JobKey | None
+    task_index: int | None
+    grace_period_s: float
+    text: str = field(compare=False, repr=False)
+
+    @property
+    def raw(self) -> Mapping[str, Any]:
+        """The TaskInfo as Volcano sent it, decoded from ``text`` (each call decodes anew).
+
+        Only the text is kept: holding the decoded Pods of a large request (a million objects
+        for 1,000 evictees) made every garbage collection walk them.
+        """
+        decoded: Mapping[str, Any] = json.loads(self.text)
+        return decoded
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionRequest:
+    """A ``reclaimable`` or ``preemptable`` request.
+
+    Attributes:
+        evictor: the task Volcano evicts for; None when the body says ``null``.
+        evictees: the tasks it proposes to evict, in its order.
+    """
+
+    evictor: Task | None
+    evictees: tuple[Task, ...]
+
+
+def parse_eviction(raw: bytes, *, max_bytes: int = MAX_BODY_BYTES) -> EvictionRequest:
+    """Read a ``reclaimable``/``preemptable`` body.
+
+    Args:
+        raw: the HTTP body.
+        max_bytes: the largest body accepted, bytes.
+
+    Returns:
+        The evictor and the evictees.
+
+    Raises:
+        BodyError: the body is too large, not JSON, not an object, or a TaskInfo field is missing
+            or ill-typed (the message names its path, e.g. ``evictees[3].UID``). Nothing else
+            is raised, whatever the input.
+    """
+    if len(raw) > max_bytes:
+        raise BodyError(f"body is {len(raw)} bytes, more than the {max_bytes} accepted")
+    with gc_paused():  # see scan.py: the decoded body is freed before the collector resumes
+        return _read(raw)
+
+
+def _read(raw: bytes) -> EvictionRequest:
+    try:
+        text = raw.decode("utf-8")
+        document, texts = decode_body(text)
+    except RecursionError:
+        raise BodyError("body is not JSON: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int too long
+        raise BodyError(f"body is not JSON: {_short(str(e))}") from None
+    if not isinstance(document, dict):
+        raise BodyError(f"body must be a JSON object, got {_kind(document)}")
+    evictor_raw = document.get("evictor")
+    evictor = None if evictor_raw is None else _task(evictor_raw, "evictor", text=None)
+    evictees_raw = document.get("evictees")
+    if evictees_raw is None:  # Go marshals an empty (nil) slice as null
+        evictees_raw = []
+    if not isinstance(evictees_raw, list):
+        raise BodyError(f"evictees: must be a list, got {_kind(evictees_raw)}")
+    if texts is None or len(texts) != len(evictees_raw):  # duplicate keys: re-encode
+        texts = [json.dumps(item) for item in evictees_raw]
+    evictees = tuple(
+        _task(item, f"evictees[{i}]", text=text)
+        for i, (item, text) in enumerate(zip(evictees_raw, texts, strict=True))
+    )
+    return EvictionRequest(evictor=evictor, evictees=evictees)
+
+
+def _task(info: Any, path: str, *, text: str | None) -> Task:
+    if not isinstance(info, dict):
+        raise BodyError(f"{path}: must be a TaskInfo object, got {_kind(info)}")
+    uid = _string(info, "UID", path, required=True)
+    if not uid:
+        raise BodyError(f"{path}.UID: must not be empty")
+    podgroup = _string(info, "Job", path, required=True)
+    name = _string(info, "Name", path, required=True)
+    namespace = _string(info, "Namespace", path, required=True)
+    role = _string(info, "TaskRole", path, required=False)
+    node = _string(info, "NodeName", path, required=False)
+    preemptable = info.get("Preemptable", True)
+    if not isinstance(preemptable, bool):
+        raise BodyError(f"{path}.Preemptable: must be true or false, got {_kind(preemptable)}")
+    gpus = _gpus(info.get("Resreq"), f"{path}.Resreq")
+    pod = info.get("Pod")
+    if pod is not None and not isinstance(pod, dict):
+        raise BodyError(f"{path}.Pod: must be a Pod object, got {_kind(pod)}")
+    labels, annotations, grace_period_s = _pod_fields(pod or {})
+
+    def marked(key: str) -> str | None:
+        return labels.get(key, annotations.get(key))
+
+    job_name = marked(JOB_NAME_LABEL)
+    return Task(
+        uid=uid,
+        podgroup=podgroup,
+        name=name,
+        namespace=namespace,
+        role=role or marked(TASK_SPEC_LABEL) or "",
+        node=node or None,
+        gpus=gpus,
+        preemptable=preemptable and _not_false(marked(PREEMPTABLE_LABEL)),
+        job=JobKey(f"{namespace}/{job_name}") if job_name else None,
+        task_index=_index(marked(TASK_INDEX_LABEL)),
+        grace_period_s=grace_period_s,
+        text=json.dumps(info) if text is None else text,
+    )
+
+
+def _string(info: dict[str, Any], key: str, path: str, *, required: bool) -> str:
+    value = info.get(key)
+    if value is None:
+        if required:
+            raise BodyError(f"{path}.{key}: missing")
+        return ""
+    if not isinstance(value, str):
+        raise BodyError(f"{path}.{key}: must be a string, got {_kind(value)}")
+    return value
+
+
+def _gpus(resreq: Any, path: str) -> float:
+    if resreq is None:
+        return 0.0
+    if not isinstance(resreq, dict):
+        raise BodyError(f"{path}: must be an object, got {_kind(resreq)}")
+    scalars = resreq.get("ScalarResources")
+    if scalars is None:  # Go's nil map
+        return 0.0
+    if not isinstance(scalars, dict):
+        raise BodyError(f"{path}.ScalarResources: must be an object, got {_kind(scalars)}")
+    milli = scalars.get(GPU_RESOURCE, 0)
+    where = f'{path}.ScalarResources["{GPU_RESOURCE}"]'
+    if isinstance(milli, bool) or not isinstance(milli, (int, float)):
+        raise BodyError(f"{where}: must be a number, got {_kind(milli)}")
+    value = _finite(milli)
+    if value is None or value < 0:
+        raise BodyError(f"{where}: must be a finite number >= 0, got {_short(repr(milli))}")
+    return value / _MILLI
+
+
+def _pod_fields(pod: dict[str, Any]) -> tuple[dict[str, str], dict[str, str], float]:
+    metadata = pod.get("metadata")
+    metadata = metadata if isinstance(metadata, dict) else {}
+    spec = pod.get("spec")
+    spec = spec if isinstance(spec, dict) else {}
+    grace = spec.get("terminationGracePeriodSeconds")
+    grace_period_s = DEFAULT_GRACE_PERIOD_S
+    if isinstance(grace, (int, float)) and not isinstance(grace, bool):
+        value = _finite(grace)
+        if value is not None and value >= 0:
+            grace_period_s = value
+    return _strings(metadata.get("labels")), _strings(metadata.get("annotations")), grace_period_s
+
+
+def _finite(number: float) -> float | None:
+    """The number as a finite float; None when it is NaN, infinite or too large for a float."""
+    try:
+        value = float(number)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _strings(mapping: Any) -> dict[str, str]:
+    if not isinstance(mapping, dict):
+        return {}
+    return {k: v for k, v in mapping.items() if isinstance(v, str)}
+
+
+def _index(text: str | None) -> int | None:
+    if text is None or not text.isascii() or not text.isdigit() or len(text) > 9:
+        return None
+    return int(text)
+
+
+def _not_false(text: str | None) -> bool:
+    return text is None or text.strip().lower() != "false"
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _short(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

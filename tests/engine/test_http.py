@@ -1,0 +1,350 @@
+"""The engine's HTTP server on 127.0.0.1, over real HTTP: health, readiness, metrics, extender."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from scheduler_policy.extender import Answer, EvictionRequest, Extender
+from tests.scheduler_policy.extender.recorded import (
+    NOW_S,
+    encode,
+    make_view,
+    many_evictees,
+    needs_wire,
+    recorded_body,
+)
+from tide.engine.http import METRICS_CONTENT_TYPE, EngineHttp
+
+TIMEOUT_S = 10.0
+
+
+@dataclass
+class Engine:
+    """What the server asks of the engine, settable by each test."""
+
+    alive: bool = True
+    ready: tuple[bool, str] = (True, "")
+    withheld_calls: int = 0
+    extender: Extender = field(default_factory=lambda: Extender(stale_after_s=90.0))
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    on_withheld_error: bool = False
+
+    def on_withheld(self) -> None:
+        self.withheld_calls += 1
+        if self.on_withheld_error:
+            raise RuntimeError("reconcile queue is closed")
+
+
+@dataclass
+class Served:
+    engine: Engine
+    server: EngineHttp
+    port: int
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def get(self, path: str) -> tuple[int, str, str]:
+        return self._call(urllib.request.Request(self.url(path)))
+
+    def post(self, path: str, body: bytes) -> tuple[int, str, str]:
+        request = urllib.request.Request(self.url(path), data=body, method="POST")
+        request.add_header("Content-Type", "application/json")
+        return self._call(request)
+
+    def post_json(self, path: str, body: bytes) -> tuple[int, Any]:
+        status, text, content_type = self.post(path, body)
+        assert content_type.startswith("application/json")
+        return status, json.loads(text)
+
+    @staticmethod
+    def _call(request: urllib.request.Request) -> tuple[int, str, str]:
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+                return response.status, response.read().decode(), response.headers["Content-Type"]
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode(), e.headers["Content-Type"]
+
+
+def _serve(engine: Engine, **options: Any) -> Served:
+    server = EngineHttp(
+        alive=lambda: engine.alive,
+        ready=lambda: engine.ready,
+        registry=engine.registry,
+        extender=engine.extender,
+        on_withheld=engine.on_withheld,
+        now_s=lambda: NOW_S + 1.0,
+        **options,
+    )
+    port = server.start("127.0.0.1", 0)
+    return Served(engine=engine, server=server, port=port)
+
+
+@pytest.fixture
+def served() -> Iterator[Served]:
+    s = _serve(Engine())
+    yield s
+    s.server.stop()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., Served]]:
+    started: list[Served] = []
+
+    def start(engine: Engine | None = None, **options: Any) -> Served:
+        s = _serve(engine or Engine(), **options)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.server.stop()
+
+
+@needs_wire
+def test_the_recorded_body_is_answered_without_the_pods_tide_shrinks(served: Served) -> None:
+    served.engine.extender.update(make_view(target=10))
+    body = recorded_body()
+
+    status, answer = served.post_json("/extender/reclaimable", encode(body))
+
+    assert status == 200
+    assert answer == {"status": 1, "victims": body["evictees"][:2]}  # workers 1 and 5, whole
+    assert served.engine.withheld_calls == 1
+
+
+@needs_wire
+def test_the_answer_that_withholds_is_logged_once(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    served.engine.extender.update(make_view(target=10))
+    with caplog.at_level("INFO", logger="tide.engine.http"):
+        served.post_json("/extender/preemptable", encode(recorded_body()))
+    lines = [r.getMessage() for r in caplog.records if "withheld" in r.getMessage()]
+    assert lines == [
+        "extender preemptable: WithholdForShrink: withheld 3 of 5 evictees: tide withholds"
+        " elastic-worker-10, elastic-worker-12, elastic-worker-17: its own shrink deletes them"
+        " gracefully"
+    ]
+
+
+ABSTAINS = [
+    ("not the leader", make_view(leader=False)),
+    ("a stale plan", make_view(made_s=NOW_S - 1000.0)),
+    ("nothing of tide's", make_view(target=20)),
+    ("no plan", None),
+]
+
+
+@needs_wire
+@pytest.mark.parametrize("view", [a[1] for a in ABSTAINS], ids=[a[0] for a in ABSTAINS])
+def test_the_extender_abstains(served: Served, view: Any) -> None:
+    if view is not None:
+        served.engine.extender.update(view)
+    status, answer = served.post_json("/extender/reclaimable", encode(recorded_body()))
+    assert (status, answer) == (200, {"status": 0})
+    assert served.engine.withheld_calls == 0
+
+
+REFUSED = [
+    ("malformed JSON", b'{"evictees": [', "body is not JSON"),
+    ("not an object", b"[1, 2]", "body must be a JSON object, got a list"),
+    ("a TaskInfo without UID", b'{"evictees": [{"Job": "a/b"}]}', "evictees[0].UID: missing"),
+    ("empty", b"", "body is not JSON"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED])
+def test_a_bad_body_is_a_400_with_the_reason(served: Served, body: bytes, message: str) -> None:
+    status, answer = served.post_json("/extender/reclaimable", body)
+    assert status == 400
+    assert message in answer["error"]
+
+
+@needs_wire
+def test_an_oversized_body_is_a_400_not_a_413(serve: Callable[..., Served]) -> None:
+    s = serve(max_body_bytes=4096)
+    status, answer = s.post_json("/extender/reclaimable", encode(recorded_body()))
+    assert status == 400
+    assert answer == {"error": "body is larger than the 4096 bytes"}
+    # and the server still answers
+    assert s.get("/healthz")[0] == 200
+
+
+def test_an_unknown_verb_is_a_404_naming_the_known_ones(served: Served) -> None:
+    status, answer = served.post_json("/extender/predicate", b"{}")
+    assert status == 404
+    assert answer == {
+        "error": "unknown extender verb 'predicate'; tide answers reclaimable, preemptable"
+    }
+
+
+class FailingExtender(Extender):
+    def answer(self, request: EvictionRequest, *, verb: str, now_s: float) -> Answer:
+        raise RuntimeError("a bug")
+
+
+@needs_wire
+def test_an_answer_that_fails_abstains_rather_than_a_500(serve: Callable[..., Served]) -> None:
+    s = serve(Engine(extender=FailingExtender(stale_after_s=90.0)))
+    assert s.post_json("/extender/reclaimable", encode(recorded_body())) == (200, {"status": 0})
+
+
+@needs_wire
+def test_a_failing_reconcile_callback_does_not_change_the_answer(
+    serve: Callable[..., Served],
+) -> None:
+    engine = Engine(on_withheld_error=True)
+    engine.extender.update(make_view(target=10))
+    s = serve(engine)
+    status, answer = s.post_json("/extender/reclaimable", encode(recorded_body()))
+    assert (status, answer["status"], len(answer["victims"])) == (200, 1, 2)
+    assert engine.withheld_calls == 1
+
+
+HEALTH = [
+    ("alive", "/healthz", dict(alive=True), 200, "ok\n"),
+    ("loop dead", "/healthz", dict(alive=False), 503, "the engine loop is not alive\n"),
+    ("ready", "/readyz", dict(ready=(True, "")), 200, "ok\n"),
+    (
+        "no reconcile yet",
+        "/readyz",
+        dict(ready=(False, "no reconcile has succeeded yet")),
+        503,
+        "no reconcile has succeeded yet\n",
+    ),
+    ("not ready, no reason", "/readyz", dict(ready=(False, "")), 503, "not ready\n"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "state", "code", "text"), [h[1:] for h in HEALTH], ids=[h[0] for h in HEALTH]
+)
+def test_health_and_readiness(
+    serve: Callable[..., Served], path: str, state: dict[str, Any], code: int, text: str
+) -> None:
+    s = serve(Engine(**state))
+    status, body, _ = s.get(path)
+    assert (status, body) == (code, text)
+
+
+def test_a_check_that_raises_is_a_503_naming_it(serve: Callable[..., Served]) -> None:
+    def broken() -> tuple[bool, str]:
+        raise RuntimeError("policy file unreadable")
+
+    server = EngineHttp(
+        alive=lambda: True,
+        ready=broken,
+        registry=CollectorRegistry(),
+        extender=Extender(stale_after_s=90.0),
+        on_withheld=lambda: None,
+    )
+    port = server.start("127.0.0.1", 0)
+    try:
+        s = Served(engine=Engine(), server=server, port=port)
+        assert s.get("/readyz")[:2] == (503, "readiness check failed: policy file unreadable\n")
+    finally:
+        server.stop()
+
+
+def test_metrics_serve_the_given_registry_in_text_format_0_0_4(served: Served) -> None:
+    counter = Counter("tide_test_answers", "Answers in the test.", registry=served.engine.registry)
+    counter.inc(3)
+    status, body, content_type = served.get("/metrics")
+    assert status == 200
+    assert content_type == METRICS_CONTENT_TYPE
+    assert "tide_test_answers_total 3.0" in body.splitlines()
+
+
+def test_stop_is_idempotent_and_closes_the_port() -> None:
+    s = _serve(Engine())
+    port = s.port
+    assert s.server.port == port
+    s.server.stop()
+    s.server.stop()
+    assert s.server.port is None
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass
+
+
+def test_starting_twice_is_refused(served: Served) -> None:
+    with pytest.raises(RuntimeError, match=f"already serves on port {served.port}"):
+        served.server.start("127.0.0.1", 0)
+
+
+def test_a_port_in_use_is_an_os_error(served: Served) -> None:
+    other = EngineHttp(
+        alive=lambda: True,
+        ready=lambda: (True, ""),
+        registry=CollectorRegistry(),
+        extender=Extender(stale_after_s=90.0),
+        on_withheld=lambda: None,
+    )
+    with pytest.raises(OSError):
+        other.start("127.0.0.1", served.port)
+    other.stop()  # never started: nothing to stop
+
+
+@needs_wire
+def test_the_extender_answers_within_volcanos_timeout_while_the_engine_computes(
+    served: Served,
+) -> None:
+    served.engine.extender.update(make_view(target=10))
+    raw = encode(recorded_body())
+    stop = threading.Event()
+
+    def reconcile() -> None:  # the engine thread, busy in pure Python, updating the view
+        while not stop.is_set():
+            sum(i * i for i in range(20_000))
+            served.engine.extender.update(make_view(target=10))
+
+    engine = threading.Thread(target=reconcile)
+    engine.start()
+    try:
+        round_trips_s = []
+        for _ in range(5):
+            started = time.perf_counter()
+            status, answer = served.post_json("/extender/reclaimable", raw)
+            round_trips_s.append(time.perf_counter() - started)
+            assert (status, answer["status"]) == (200, 1)
+    finally:
+        stop.set()
+        engine.join(TIMEOUT_S)
+    assert max(round_trips_s) < 1.0, round_trips_s
+
+
+@needs_wire
+def test_probes_are_answered_while_a_large_body_is_read(served: Served) -> None:
+    served.engine.extender.update(make_view(target=500))
+    raw = encode(many_evictees(1000))  # 5 MB: a while to read
+    done = threading.Event()
+    posted: list[float] = []
+
+    def post() -> None:
+        started = time.perf_counter()
+        assert served.post_json("/extender/reclaimable", raw)[0] == 200
+        posted.append(time.perf_counter() - started)
+        done.set()
+
+    poster = threading.Thread(target=post)
+    poster.start()
+    probes_s: list[float] = []
+    while not done.is_set() and len(probes_s) < 1000:
+        started = time.perf_counter()
+        assert served.get("/healthz")[0] == 200
+        probes_s.append(time.perf_counter() - started)
+    poster.join(TIMEOUT_S)
+    assert posted, "the large body was not answered"
+    # Each probe waited a small part of the answer, not all of it.
+    assert len(probes_s) >= 3 and max(probes_s) < posted[0] / 2, (probes_s, posted)
