@@ -144,7 +144,7 @@ class Volcano:
         pki = self.plane.workdir / "pki"
         port = free_port()
         self._install_webhooks(port)
-        webhook = self._spawn(
+        self._spawn(
             "vc-webhook-manager",
             [
                 str(self._bin / "vc-webhook-manager"),
@@ -224,9 +224,11 @@ class Volcano:
             return False
         context = ssl.create_default_context(cafile=str(self.plane.ca_file))
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
-                with context.wrap_socket(sock, server_hostname="127.0.0.1"):
-                    return True
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=2) as sock,
+                context.wrap_socket(sock, server_hostname="127.0.0.1"),
+            ):
+                return True
         except OSError:
             return False
 
