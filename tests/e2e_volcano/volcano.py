@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.cluster.components import KWOK_ENV
 from tests.cluster.controlplane import ControlPlane
 from tests.cluster.processes import ManagedProcess, free_port, wait_until
 
@@ -130,7 +131,8 @@ class Volcano:
         self._processes: list[ManagedProcess] = []
 
     def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
-        process = ManagedProcess(name, argv, self.folder / f"{name}.log")
+        # As for KWOK: Debian's etcd 3.4 cannot serve client-go's streaming lists (WatchList).
+        process = ManagedProcess(name, argv, self.folder / f"{name}.log", env=KWOK_ENV)
         self._processes.append(process)
         return process
 
