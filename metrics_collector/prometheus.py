@@ -200,6 +200,10 @@ class PrometheusSource:
         settings: the policy's ``spec.metrics`` (PromQL templates, windows, lookbacks).
         interval_s: the decision interval: series older than twice it are stale, history is
             read at its step, and one sample spends at most ``budget_fraction`` of it.
+        cluster_figures: read the cluster's allocatable and requested GPUs from Prometheus
+            (kube-state-metrics); False when the Kubernetes API gives them (``tide engine``,
+            whose Volcano client watches the nodes and pods), and the sample's
+            ``cluster_free_gpus`` is then NaN.
 
     Attributes:
         last_report: what the last sample saw (problems, stale series, Volcano's queue figures).
@@ -211,12 +215,16 @@ class PrometheusSource:
         connection: PrometheusConnection,
         settings: MetricsSettings | None = None,
         interval_s: float = 60.0,
+        cluster_figures: bool = True,
     ) -> None:
         self.connection = connection
         self.interval_s = interval_s
         self._querier = PrometheusQuerier(connection)
         self._builder = SampleBuilder(
-            self._querier, settings=settings or MetricsSettings(), interval_s=interval_s
+            self._querier,
+            settings=settings or MetricsSettings(),
+            interval_s=interval_s,
+            cluster_figures=cluster_figures,
         )
 
     @property

@@ -149,6 +149,10 @@ class SampleBuilder:
         settings: the policy's metrics settings (templates, windows, lookbacks).
         interval_s: the decision interval: sets the staleness limit and the history's step.
         parallel: queries in flight at once.
+        cluster_figures: whether to read the cluster's allocatable and requested GPUs from
+            Prometheus (kube-state-metrics). The engine on a cluster reads them from the
+            Kubernetes API instead (its nodes and pods, watched: exact and current), and then
+            passes False: ``cluster_free_gpus`` is NaN and ``observe`` takes the nodes' figure.
 
     Raises:
         ValueError: ``interval_s`` or ``parallel`` is out of range, or a template names an
@@ -156,7 +160,13 @@ class SampleBuilder:
     """
 
     def __init__(
-        self, querier: Querier, *, settings: MetricsSettings, interval_s: float, parallel: int = 4
+        self,
+        querier: Querier,
+        *,
+        settings: MetricsSettings,
+        interval_s: float,
+        parallel: int = 4,
+        cluster_figures: bool = True,
     ) -> None:
         if not math.isfinite(interval_s) or interval_s <= 0:
             raise ValueError(f"interval_s: must be a positive number of seconds, got {interval_s}")
@@ -165,6 +175,7 @@ class SampleBuilder:
         self.querier = querier
         self.settings = settings
         self.interval_s = interval_s
+        self.cluster_figures = cluster_figures
         # Range queries round their times to whole seconds: keep the grid on whole seconds.
         self.step_s = float(max(1, round(interval_s)))
         self._values = placeholder_values(settings)
@@ -200,6 +211,7 @@ class SampleBuilder:
             name: self._pool.submit(self.querier.instant, query, time_s=now_s)
             for name, query in self._queries.items()
             if name not in _RANGE_QUERIES
+            and (self.cluster_figures or not name.startswith("cluster_"))
         }
         grid_start, grid_end, _ = self._grid_window(now_s)
         (new_start, new_end), (fill_start, fill_end) = self._demand_windows(now_s)
@@ -239,14 +251,14 @@ class SampleBuilder:
         """See ``MetricsSource.sample``; never raises for Prometheus trouble."""
         started = time.perf_counter()
         work = _Round(now_s=now_s, max_age_s=STALE_INTERVALS * self.interval_s)
-        free_gpus = 0.0
+        free_gpus = 0.0 if self.cluster_figures else math.nan
         queues: dict[QueueName, QueueFigures] = {}
         histories: dict[JobKey, tuple[ThroughputPoint, ...]] = {}
         remaining: dict[JobKey, float] = {}
         reachable = True
         try:
             self._send(now_s)
-            free_gpus = self._cluster(work)
+            free_gpus = self._cluster(work) if self.cluster_figures else math.nan
             queues = self._queues(work)
             histories, remaining = self._jobs(work)
             self._read_demand(work)

@@ -65,7 +65,11 @@ def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> 
         cluster- or queue-level figures.
     """
     sample = metrics.sample(now_s=now_s)
-    fresh = sample.fresh and math.isfinite(sample.cluster_free_gpus)
+    nodes = tuple(cluster.list_nodes())
+    # The Kubernetes API's nodes and pods, where the cluster gives them, are the exact free
+    # GPUs now; the metrics' figure (kube-state-metrics through Prometheus) is the fallback.
+    free_gpus = math.fsum(n.free_gpus for n in nodes) if nodes else sample.cluster_free_gpus
+    fresh = sample.fresh and math.isfinite(free_gpus)
     queues = []
     for queue in cluster.list_queues():
         allocated = sample.queue_allocated_gpus.get(queue.name, queue.allocated_gpus)
@@ -99,10 +103,10 @@ def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> 
         time_s=now_s,
         queues=tuple(queues),
         jobs=tuple(jobs),
-        cluster_free_gpus=sample.cluster_free_gpus,
+        cluster_free_gpus=free_gpus,
         metrics_fresh=fresh,
         releasing_gpus=sample.releasing_gpus,
-        nodes=tuple(cluster.list_nodes()),
+        nodes=nodes,
         pending_gangs=tuple(cluster.list_pending_gangs()),
     )
 

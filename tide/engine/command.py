@@ -85,8 +85,13 @@ def _metrics_factory(options: EngineOptions, given: MetricsFactory | None) -> Me
         raise EngineFailure(f"--prometheus: {e}") from e
 
     def make(policy: ElasticPolicy) -> MetricsSource:
+        # The cluster's free GPUs come from the Volcano client's nodes and pods (the API,
+        # watched), so Prometheus is not asked for kube-state-metrics' figures.
         return PrometheusSource(
-            connection=connection, settings=policy.metrics, interval_s=policy.interval_s
+            connection=connection,
+            settings=policy.metrics,
+            interval_s=policy.interval_s,
+            cluster_figures=False,
         )
 
     return make
