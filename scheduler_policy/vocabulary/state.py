@@ -182,8 +182,9 @@ class JobState:
             job's sake or for its own low efficiency; it holds (``HoldMetricsStale``) unless
             its queue's budget forces a shrink (pending work, headroom, over budget), and its
             held GPUs count in that budget as any running elastic job's do.
-        pods: the scaling task's pods with their task index and node, lowest index first;
-            empty when the source does not read pods.
+        pods: the scaling task's pods with their task index and node, lowest index first,
+            terminating ones included until they are gone (they hold their GPUs); empty when
+            the source does not read pods.
     """
 
     key: JobKey

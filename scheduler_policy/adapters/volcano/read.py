@@ -119,8 +119,13 @@ class PodRead:
 
     @property
     def placement(self) -> PodPlacement | None:
-        """The pod as one of its job's ``pods``; None for a pod of no job, or on its way out."""
-        if self.index is None or self.terminating or self.finished:
+        """The pod as one of its job's ``pods``; None for a pod of no job, or finished.
+
+        A terminating pod stays one of its job's pods until it is gone: it still holds its GPUs
+        on its node (``read_node`` counts them), and placement must see them as the job's
+        (index at or above its replicas: on their way out), not as another tenant's.
+        """
+        if self.index is None or self.finished:
             return None
         return PodPlacement(index=self.index, node=self.node, gpus=self.gpus)
 

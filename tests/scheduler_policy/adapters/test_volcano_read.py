@@ -270,8 +270,9 @@ PODS = {
     "waiting-for-a-node": (
         [unbound], dataclasses.replace(POD, node=None), PodPlacement(0, None, 1.0), False,
     ),
-    "terminating-is-no-placement-but-holds-its-gpus": (
-        [deleting], dataclasses.replace(POD, terminating=True), None, True,
+    "terminating-stays-placed-and-holds-its-gpus": (
+        [deleting], dataclasses.replace(POD, terminating=True), PodPlacement(0, "gpu-2", 1.0),
+        True,
     ),
     "finished-holds-nothing": (
         [succeeded], dataclasses.replace(POD, finished=True), None, False,
