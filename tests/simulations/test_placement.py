@@ -343,3 +343,32 @@ def test_pods_keep_distinct_ordered_indices_below_the_spec_and_the_nodes_add_up(
         for state in sim.list_nodes():
             i = int(state.name.removeprefix("node-"))
             assert state.free_gpus == 8 - held[i]
+
+
+def wire_run(order: NodeOrder) -> dict[str, float | None]:
+    """tide's engine on the recorded case, whole: research trains 24 one-GPU pods for 4 h;
+    half an hour in, production submits its 3 x 8 gang. Each job's queueing delay, hours."""
+    from simulations.api import PolicyRun, default_policy_for, run_one
+    from simulations.run import RunOptions
+
+    research = make_job(
+        "bert", queue="research", replicas=24, min_r=1, max_r=24, work=24 * 4 * 3600.0
+    )
+    prod = gang("gang", pods=3, gpus_per_pod=8, submit_s=1800.0)
+    cluster = dataclasses.replace(four_by_eight(order, []).spec, overcommit_factor=10.0)
+    result = run_one(
+        PolicyRun("tide", "tide", default_policy_for(cluster)),
+        workload=Workload("wire", (research, dataclasses.replace(prod, work_units=3 * 3600.0))),
+        cluster=cluster,
+        options=RunOptions(),
+    )
+    return {
+        j.key: None if j.start_s is None else (j.start_s - j.submit_s) / 3600 for j in result.jobs
+    }
+
+
+def test_with_binpack_tide_shrinks_for_the_gang_and_it_starts_within_minutes() -> None:
+    waits = wire_run(BINPACK)
+    assert waits["ns/bert"] == 0.0
+    wait_h = waits["ns/gang"]
+    assert wait_h is not None and wait_h < 5 / 60
