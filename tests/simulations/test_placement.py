@@ -345,30 +345,48 @@ def test_pods_keep_distinct_ordered_indices_below_the_spec_and_the_nodes_add_up(
             assert state.free_gpus == 8 - held[i]
 
 
-def wire_run(order: NodeOrder) -> dict[str, float | None]:
+def wire_run(order: NodeOrder) -> dict[str, tuple[float | None, int]]:
     """tide's engine on the recorded case, whole: research trains 24 one-GPU pods for 4 h;
-    half an hour in, production submits its 3 x 8 gang. Each job's queueing delay, hours."""
+    half an hour in, production submits its 3 x 8 gang. Per job: its queueing delay (hours)
+    and the fewest replicas it ran at."""
     from simulations.api import PolicyRun, default_policy_for, run_one
     from simulations.run import RunOptions
 
     research = make_job(
         "bert", queue="research", replicas=24, min_r=1, max_r=24, work=24 * 4 * 3600.0
     )
-    prod = gang("gang", pods=3, gpus_per_pod=8, submit_s=1800.0)
+    prod = dataclasses.replace(
+        gang("gang", pods=3, gpus_per_pod=8, submit_s=1800.0), work_units=3 * 3600.0
+    )
     cluster = dataclasses.replace(four_by_eight(order, []).spec, overcommit_factor=10.0)
     result = run_one(
         PolicyRun("tide", "tide", default_policy_for(cluster)),
-        workload=Workload("wire", (research, dataclasses.replace(prod, work_units=3 * 3600.0))),
+        workload=Workload("wire", (research, prod)),
         cluster=cluster,
         options=RunOptions(),
     )
     return {
-        j.key: None if j.start_s is None else (j.start_s - j.submit_s) / 3600 for j in result.jobs
+        j.key: (
+            None if j.start_s is None else (j.start_s - j.submit_s) / 3600,
+            min(n for _, n in j.replica_log),
+        )
+        for j in result.jobs
     }
 
 
-def test_with_binpack_tide_shrinks_for_the_gang_and_it_starts_within_minutes() -> None:
-    waits = wire_run(BINPACK)
-    assert waits["ns/bert"] == 0.0
-    wait_h = waits["ns/gang"]
-    assert wait_h is not None and wait_h < 5 / 60
+@pytest.mark.parametrize(
+    ("order", "gang_wait_h", "research_fewest"),
+    [(SPREAD, 1 / 60, 1), (BINPACK, 0.0, 8)],
+    ids=["spread-a-shrink-to-whole-nodes-one-reconcile-later", "binpack-at-once"],
+)
+def test_tide_shrinks_research_until_the_gang_fits_on_nodes(
+    order: NodeOrder, gang_wait_h: float, research_fewest: int
+) -> None:
+    # The budget shrinks research by count to 8 for the gang's 24 GPUs. Binpacked, the 8 left
+    # share node 0 and the gang starts in the same session. Spread, 2 stay on every node: the
+    # placement-aware shrink (decision/reshape.py) takes research down to its pod 0, on node 0,
+    # at the next reconcile (1 min later), and the gang starts on nodes 1-3. Without it the
+    # gang waited until research finished, 10.5 h.
+    waits = wire_run(order)
+    assert waits["ns/bert"] == (0.0, research_fewest)
+    assert waits["ns/gang"] == (pytest.approx(gang_wait_h), 3)
