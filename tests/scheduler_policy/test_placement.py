@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler_policy.decision.messages import gang_fit_message
+from scheduler_policy.decision.gang_placement import place_gangs
+from scheduler_policy.decision.messages import GangShapeWhy, gang_fit_message
 from scheduler_policy.decision.pipeline import decide
-from scheduler_policy.decision.placement import ShapeJob, place_gangs, plan_gang_shape
+from scheduler_policy.decision.placement import ShapeJob, plan_gang_shape
 from scheduler_policy.engine.reconcile import reconcile
 from scheduler_policy.models.cache import ModelCache
 from scheduler_policy.testing.fake import FakeCluster
@@ -217,20 +218,18 @@ SHAPES = {
         0.0,
     ),
     "a-shrink-the-fit-no-longer-needs-is-given-back": (
-        # Nodes of 4: n0 holds a0 a1 b0 b1, n1 a2 b2 b3 and 1 free; a gang of 2 x 2. The
-        # search first takes b3 (one pod of room on n1 for least throughput), then all of "a"
-        # (room on n0, and a2 gives n1 its room too): b3 is not needed and is given back.
-        nodes_holding(
-            on("n0", 0, 1), on("n1", 2), on("n0", 0, 1), on("n1", 2, 3), count=2, size=4.0
-        ),
+        # Nodes of 4, 1 GPU free on each: n0 holds a0 b0 b1, n1 a1 a2 b2; a gang of 2 x 2.
+        # The search first takes a2 (room on n1 for 1 GPU), then b2 and b1 (room on n0, and
+        # b2 gives n1 its room too): a2 is not needed and is given back.
+        nodes_holding(on("n0", 0), on("n1", 1, 2), on("n0", 0, 1), on("n1", 2), count=2, size=4.0),
         [
-            shape_job("a", on("n0", 0, 1) + on("n1", 2), target=3, floor=0),
-            shape_job("b", on("n0", 0, 1) + on("n1", 2, 3), target=4, floor=0),
+            shape_job("a", on("n0", 0) + on("n1", 1, 2), target=3, floor=0),
+            shape_job("b", on("n0", 0, 1) + on("n1", 2), target=3, floor=0),
         ],
         [gang(pods=2, gpus_per_pod=2.0)],
-        {"a": 0, "b": 4},
+        {"a": 3, "b": 1},
         [True],
-        3.0,
+        2.0,
     ),
 }
 
@@ -603,3 +602,74 @@ def test_a_gang_said_not_to_fit_fits_no_shrink_down_to_the_floors(problem):
             for j in jobs
         ]
         assert not fits_by_count(free_by_rule(nodes, floors), gangs[0])
+
+
+@st.composite
+def gang_observations(draw):
+    """Research's elastic jobs fill 4 nodes of 8 in spread or binpack order; prod waits with
+    one or two gangs (their GPUs also in prod's pending work)."""
+    counts = draw(st.lists(st.integers(4, 16), min_size=1, max_size=3))
+    counts = counts[: next(i for i in range(len(counts), 0, -1) if sum(counts[:i]) <= 32)]
+    order = draw(st.sampled_from(["spread", "binpack"]))
+    slot = 0
+    jobs = []
+    for j, count in enumerate(counts):
+        pods = []
+        for index in range(count):
+            node = slot % 4 if order == "spread" else slot // 8
+            pods.append(PodPlacement(index, f"n{node}", 1.0))
+            slot += 1
+        lowest = draw(st.integers(0, 2))
+        job = make_job(f"r{j}", queue="research", current=count, min_replicas=lowest,
+                       max_replicas=max(count, 1), sizes=(1, 2, 4))  # fmt: skip
+        jobs.append(dataclasses.replace(job, pods=tuple(pods)))
+    shapes = st.tuples(st.integers(1, 3), st.sampled_from([1.0, 4.0, 8.0, 8.0]))
+    wanted = draw(st.lists(shapes, min_size=1, max_size=2))
+    gangs = tuple(
+        gang(f"g{g}", pods=pods, gpus_per_pod=per_pod) for g, (pods, per_pod) in enumerate(wanted)
+    )
+    pending = sum(g.gpus for g in gangs)
+    observation = make_observation(
+        *jobs,
+        queues=(
+            make_queue("research", capability=32, deserved=8),
+            make_queue("prod", capability=32, deserved=24, pending=pending),
+        ),
+        free=32 - slot,
+    )
+    pods = [job.pods for job in jobs]
+    return dataclasses.replace(observation, nodes=nodes_holding(*pods), pending_gangs=gangs)
+
+
+@settings(max_examples=60, deadline=None)
+@given(gang_observations())
+def test_placement_only_lowers_settled_targets_and_keeps_the_minimums(observation):
+    with_gangs = decide(observation, POLICY, fits=ModelCache().fit(observation, POLICY))
+    plain = dataclasses.replace(observation, pending_gangs=())
+    without = decide(plain, POLICY, fits=ModelCache().fit(plain, POLICY))
+    settled = {d.job: d.target_replicas for d in without.decisions}
+    jobs = {job.key: job for job in observation.jobs}
+    for decision in with_gangs.decisions:
+        assert jobs[decision.job].min_replicas <= decision.target_replicas
+        assert decision.target_replicas <= settled[decision.job]
+        shrunk = decision.target_replicas < settled[decision.job]
+        assert shrunk == (decision.reason is Reason.SHRINK_FOR_GANG_SHAPE)
+    kept = [(jobs[d.job].pods, min(d.target_replicas, d.current_replicas))
+            for d in with_gangs.decisions]  # fmt: skip
+    free = free_by_rule(observation.nodes, kept)
+    assert [fit.fits for fit in with_gangs.gangs] == _spread(free, observation.pending_gangs)
+
+
+def test_a_job_sharing_the_gangs_shrink_says_what_the_gang_costs_in_all():
+    a = shape_job("a", on("n1", 0, 1, 2, 3, 4, 5) + on("n0", 6, 7), target=8, floor=0)
+    b = shape_job("b", on("n1", 0, 1) + on("n0", 2, 3, 4, 5, 6, 7), target=8, floor=0)
+    plan = plan_gang_shape(nodes=nodes_holding(a.pods, b.pods, count=2), jobs=[a, b],
+                           gangs=[gang(pods=1)])  # fmt: skip
+    why = GangShapeWhy(job=a.key, queue=QueueName("research"), target=plan.targets[a.key],
+                       settled=8, extra_gpus=plan.extra_gpus[a.key], gangs=plan.gangs)  # fmt: skip
+    assert why.render() == (
+        "pending gang prod/g (1 x 8 GPU(s)) needs whole nodes: this frees n0 for it; its "
+        "further shrinks give up 8 GPU(s) in all; Volcano deletes the highest task indices "
+        "first, so 6 replicas, not the 8 that queue research's budget leaves: 2 GPU(s) beyond "
+        "the budget"
+    )
