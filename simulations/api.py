@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scheduler_policy.policy.spec import ElasticPolicy, QueuePolicy
-from simulations.cluster_config import ClusterSpec
+from simulations.cluster_config import ClusterSpec, NodeOrder, node_order
 from simulations.controllers import make_controller
 from simulations.errors import SimulationError
 from simulations.parallel import results_as_done
@@ -42,6 +42,33 @@ def default_policy_for(cluster: ClusterSpec) -> ElasticPolicy:
             QueuePolicy(name=q.name, elastic=q.elastic, borrow=q.elastic) for q in cluster.queues
         ),
     )
+
+
+def with_node_order(
+    cluster: ClusterSpec, order: NodeOrder | str | None, *, source: str = "--node-order"
+) -> ClusterSpec:
+    """``cluster`` with the scheduler's node order set (``NodeOrder``: spread, Volcano's
+    default, or binpack); ``cluster`` as it is for None.
+
+    Args:
+        cluster: the cluster (from its file, or built in).
+        order: the node order, or its name.
+        source: where ``order`` was given, for the message.
+
+    Returns:
+        The cluster with that node order.
+
+    Raises:
+        SimulationError: ``order`` names no node order (the message names ``source`` and it).
+    """
+    if order is None:
+        return cluster
+    if not isinstance(order, NodeOrder):
+        try:
+            order = node_order(order, source)
+        except ValueError as e:
+            raise SimulationError(str(e)) from e
+    return replace(cluster, node_order=order)
 
 
 def policy_queue_warnings(policy: ElasticPolicy, cluster: ClusterSpec) -> list[str]:
@@ -404,6 +431,7 @@ def write_json_report(
 
 __all__ = [
     "Case",
+    "NodeOrder",
     "PolicyRun",
     "Summary",
     "default_policy_for",
@@ -412,5 +440,6 @@ __all__ = [
     "run_one",
     "run_policies",
     "summarize",
+    "with_node_order",
     "write_json_report",
 ]

@@ -25,6 +25,7 @@ from scheduler_policy.vocabulary.state import (
     JobState,
     NodeState,
     PendingGang,
+    PodPlacement,
     QueueName,
     QueueState,
     ThroughputPoint,
@@ -77,9 +78,15 @@ class SimulatedCluster(ClusterCore):
         self._rng = np.random.default_rng(self.metrics.seed)
         self._demand: dict[QueueName, list[DemandPoint]] = {q.name: [] for q in spec.queues}
         self._last_demand_s = -math.inf
-        # job -> (its last view, the memory annotation and the (replicas, pods, status, restart
-        # cost) seen)
+        # job -> (its last view, the memory annotation and the (replicas, pods' version, status,
+        # restart cost) seen)
         self._views: dict[JobKey, tuple[JobState, str | None, tuple[object, ...]]] = {}
+        # The nodes' last view and the nodes' change count it was built at; each node's last
+        # state, reused while its free GPUs stay the same.
+        self._node_view: tuple[tuple[NodeState, ...], int] = ((), -1)
+        self._node_states: list[NodeState | None] = [None] * spec.nodes
+        # job -> (its status, its pending gang) while it waits
+        self._gangs: dict[JobKey, tuple[Status, PendingGang]] = {}
         self.writes = 0
         self.conflicts = 0
 
@@ -178,10 +185,12 @@ class SimulatedCluster(ClusterCore):
         """The engine's view of one job.
 
         The view is immutable and depends only on the memory annotation and what the key below
-        holds, so an unchanged job (most of a long queue, every reconcile) gives back the same
-        object, and a memory is decoded once per write.
+        holds (``version`` moves at every change of the job's pods), so an unchanged job (most
+        of a long queue, every reconcile) gives back the same object, and a memory is decoded
+        once per write. A running job's ``pods`` are its scaling task's ``spec_replicas`` pods,
+        each with its task index and node (None while it waits for GPUs).
         """
-        key = (job.spec_replicas, len(job.pods), job.status, job.restart_cost_s)
+        key = (job.spec_replicas, job.version, job.status, job.restart_cost_s)
         stored = job.annotations.get(MEMORY_ANNOTATION)
         cached = self._views.get(job.key)
         if cached is not None and cached[1] == stored and cached[2] == key:
@@ -200,9 +209,21 @@ class SimulatedCluster(ClusterCore):
             last_rescale_s=memory.last_rescale_s,
             restart_cost_s=job.restart_cost_s,
             recommendations=memory.recommendations,
+            pods=self._pods(job) if job.status is Status.RUNNING else (),
         )
         self._views[job.key] = (view, stored, key)
         return view
+
+    def _pods(self, job: SimJob) -> tuple[PodPlacement, ...]:
+        """The job's scaling-task pods, lowest index first: placed ones on their node, the
+        rest of its ``spec_replicas`` waiting (node None)."""
+        names = self.nodes.names
+        gpus = float(job.spec.gpus_per_replica)
+        where = dict(zip(job.pod_indices, job.pods, strict=True))
+        return tuple(
+            PodPlacement(index=i, node=names[where[i]] if i in where else None, gpus=gpus)
+            for i in range(max(job.spec_replicas, len(job.pods)))
+        )
 
     def active_jobs(self) -> list[SimJob]:
         """Submitted jobs that are not done: running first, then waiting, each in submit order."""
@@ -214,12 +235,52 @@ class SimulatedCluster(ClusterCore):
         return [self.job_state(job) for job in self.active_jobs()]
 
     def list_nodes(self) -> Sequence[NodeState]:
-        """See base class. The simulator does not yet report placement."""
-        return ()
+        """See base class. Every node that is up, with its free GPUs; a failed node is gone."""
+        nodes = self.nodes
+        view, seen = self._node_view
+        if seen == nodes.changes:
+            return view
+        states = self._node_states
+        allocatable = float(nodes.gpus_per_node)
+        out = []
+        for i, free in enumerate(nodes.free):
+            if not nodes.up[i]:
+                continue
+            state = states[i]
+            if state is None or state.free_gpus != free:
+                state = NodeState(
+                    name=nodes.names[i], allocatable_gpus=allocatable, free_gpus=float(free)
+                )
+                states[i] = state
+            out.append(state)
+        view = tuple(out)
+        self._node_view = (view, nodes.changes)
+        return view
 
     def list_pending_gangs(self) -> Sequence[PendingGang]:
-        """See base class. Pending demand is in each queue's ``pending_nonelastic_gpus``."""
-        return ()
+        """See base class. Each waiting non-elastic job, in its queue's order: its gang is all
+        its pods (``min_member``), ``since_s`` its submit time. (Their GPUs are in each queue's
+        ``pending_nonelastic_gpus`` too.)"""
+        gangs = []
+        known = self._gangs
+        for waiting in self.waiting_by_queue.values():
+            for job in waiting:
+                if job.spec.elastic:
+                    continue
+                cached = known.get(job.key)
+                if cached is None or cached[0] is not job.status:
+                    gang = PendingGang(
+                        key=job.key,
+                        queue=job.queue,
+                        min_member=job.spec.min_replicas,
+                        gpus=float(job.spec.min_gpus),
+                        phase="Inqueue" if job.status is Status.INQUEUE else "Pending",
+                        since_s=job.spec.submit_s,
+                    )
+                    cached = (job.status, gang)
+                    known[job.key] = cached
+                gangs.append(cached[1])
+        return gangs
 
     def apply(self, change: ReplicaChange) -> None:
         """See base class. A shrink is graceful: the workers checkpoint before they stop."""

@@ -8,6 +8,7 @@ work since the last checkpoint. The scheduler (``volcano``) and the protocol sur
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import logging
 from dataclasses import dataclass
@@ -42,7 +43,9 @@ class ClusterCore:
     def __init__(self, *, spec: ClusterSpec, workload: Workload) -> None:
         self.spec = spec
         self.now_s = 0.0
-        self.nodes = Nodes(count=spec.nodes, gpus_per_node=spec.gpus_per_node)
+        self.nodes = Nodes(
+            count=spec.nodes, gpus_per_node=spec.gpus_per_node, order=spec.node_order
+        )
         self.jobs: dict[JobKey, SimJob] = {}
         self.order: list[SimJob] = []
         self.running: dict[JobKey, SimJob] = {}
@@ -197,6 +200,10 @@ class ClusterCore:
     def add_pods(self, job: SimJob, nodes: list[int]) -> None:
         """Placed pods join the job (the gang start or a scale-up): one restart.
 
+        Each new pod takes the lowest task index the job's pods leave free: the next ones at
+        the end, or first the gaps a node failure left (Volcano recreates a missing pod under
+        its own name and index).
+
         Args:
             job: the job.
             nodes: the node of each new pod, already reserved.
@@ -205,7 +212,7 @@ class ClusterCore:
             return
         starting = job.status is not Status.RUNNING
         self._save_or_lose(job, graceful=True)
-        job.pods.extend(nodes)
+        _join(job, nodes)
         if not starting and job.replica_log and job.replica_log[-1][0] == self.now_s:
             # More pods in the same session as its last change: still one restart.
             job.replica_log[-1] = (self.now_s, len(job.pods))
@@ -233,13 +240,24 @@ class ClusterCore:
             graceful: True for tide's checkpoint-first shrink, False for a kill.
         """
         count = min(count, len(job.pods))
-        if count <= 0:
-            return
+        if count > 0:
+            self._take(job, range(len(job.pods) - count, len(job.pods)), graceful=graceful)
+
+    def _take(self, job: SimJob, positions: range | list[int], *, graceful: bool) -> None:
+        """Remove the job's pods at ``positions`` (in ``job.pods``, ascending; not empty); their
+        nodes get their GPUs back. One restart, or a requeue when it falls below its minimum."""
         self._save_or_lose(job, graceful=graceful)
         if not graceful:
             job.kills += 1
-        removed = job.pods[len(job.pods) - count :]
-        del job.pods[len(job.pods) - count :]
+        if isinstance(positions, range) and positions.stop == len(job.pods):
+            removed = job.pods[positions.start :]  # the highest indices: a shrink or a kill
+            del job.pods[positions.start :]
+            del job.pod_indices[positions.start :]
+        else:
+            gone = set(positions)
+            removed = [job.pods[i] for i in positions]
+            job.pods = [n for i, n in enumerate(job.pods) if i not in gone]
+            job.pod_indices = [x for i, x in enumerate(job.pod_indices) if i not in gone]
         self.nodes.release(job.spec.gpus_per_replica, removed)
         if len(job.pods) < job.spec.min_replicas:
             self._release_all(job)
@@ -267,10 +285,12 @@ class ClusterCore:
     def _release_all(self, job: SimJob) -> None:
         self.nodes.release(job.spec.gpus_per_replica, job.pods)
         job.pods = []
+        job.pod_indices = []
         self._changed(job)
 
     def resize(self, job: SimJob, replicas: int) -> None:
-        """Set the job's worker replicas; pods above it are removed gracefully at once.
+        """Set the job's worker replicas; pods of index ``replicas`` and above are removed
+        gracefully at once (as Volcano deletes them: the highest indices first).
 
         New pods are placed by the next scheduling session.
 
@@ -279,22 +299,42 @@ class ClusterCore:
             replicas: the new ``spec.tasks[worker].replicas``.
         """
         job.spec_replicas = replicas
-        excess = len(job.pods) - replicas
-        if excess > 0:
-            self.remove_pods(job, excess, graceful=True)
+        indices = job.pod_indices
+        if indices and indices[-1] >= replicas:
+            first = bisect.bisect_left(indices, replicas)
+            self._take(job, range(first, len(indices)), graceful=True)
 
     def fail_node(self, node: int) -> None:
         """A node goes down: every pod on it is killed (abruptly)."""
         if not self.nodes.up[node]:
             return
         for job in list(self.running.values()):
-            on_node = sum(1 for n in job.pods if n == node)
-            if on_node:
-                # Move the victims to the end so remove_pods takes exactly them.
-                job.pods = [n for n in job.pods if n != node] + [node] * on_node
-                self.remove_pods(job, on_node, graceful=False)
+            victims = [i for i, n in enumerate(job.pods) if n == node]
+            if victims:
+                self._take(job, victims, graceful=False)
         self.nodes.set_down(node)
 
     def repair_node(self, node: int) -> None:
-        """A failed node comes back, empty."""
-        self.nodes.set_up(node)
+        """A failed node comes back, empty (a node that is up is left as it is)."""
+        if not self.nodes.up[node]:
+            self.nodes.set_up(node)
+
+
+def _join(job: SimJob, nodes: list[int]) -> None:
+    """Add pods on ``nodes`` to ``job``, each at the lowest task index its pods leave free."""
+    indices = job.pod_indices
+    count = len(indices)
+    if not count or indices[-1] == count - 1:  # no gaps: the new pods go at the end
+        job.pods.extend(nodes)
+        indices.extend(range(count, count + len(nodes)))
+        return
+    held = set(indices)
+    new: list[int] = []
+    candidate = 0
+    while len(new) < len(nodes):
+        if candidate not in held:
+            new.append(candidate)
+        candidate += 1
+    merged = sorted(zip(indices + new, job.pods + nodes, strict=True))
+    job.pod_indices = [i for i, _ in merged]
+    job.pods = [n for _, n in merged]

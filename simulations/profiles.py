@@ -158,12 +158,12 @@ def measured_profile(
 ) -> ScalingProfile:
     """A job's own scaling curve from its measured throughput, in samples per second.
 
-    The simulator does not model placement, so a size measured on several node counts takes the
-    slowest of them. Between measured sizes the rate is interpolated linearly; below the
-    smallest measured size m it is X(m) n / m (per-replica efficiency no better than at m); past
-    the largest it stays at the largest size's rate. For a curve that is concave in n (every
-    data-parallel job's), each of the three is at or below the true curve: a replay never runs
-    a job faster than it was seen to run.
+    A simulated job's rate does not depend on the nodes its pods are on, so a size measured on
+    several node counts takes the slowest of them. Between measured sizes the rate is
+    interpolated linearly; below the smallest measured size m it is X(m) n / m (per-replica
+    efficiency no better than at m); past the largest it stays at the largest size's rate. For a
+    curve that is concave in n (every data-parallel job's), each of the three is at or below the
+    true curve: a replay never runs a job faster than it was seen to run.
 
     Args:
         name: the profile's name, e.g. ``measured/ns/job``.

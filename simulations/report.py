@@ -47,6 +47,8 @@ class Summary:
         node_failures / node_down_hours: injected node failures during the run, and the
             node-hours they took down.
         metrics_outages / metrics_outage_minutes: injected metrics outages during the run.
+        node_order: where the scheduler put each pod (spread: Volcano's default; binpack):
+            the figures depend on it.
     """
 
     policy: str
@@ -79,6 +81,7 @@ class Summary:
     metrics_outages: int = 0
     metrics_outage_minutes: float = 0.0
     late_pods: int = 0
+    node_order: str = "spread"
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready dict (NaN becomes None)."""
@@ -153,6 +156,7 @@ def summarize(result: SimResult) -> Summary:
         node_down_hours=result.node_down_s / h,
         metrics_outages=result.metrics_outages,
         metrics_outage_minutes=result.metrics_outage_s / 60.0,
+        node_order=result.node_order,
     )
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from simulations.cluster import MetricsOptions, SimulatedCluster
-from simulations.cluster_config import ClusterSpec
+from simulations.cluster_config import ClusterSpec, NodeOrder
 from simulations.controllers import Controller
 from simulations.core import TimelinePoint
 from simulations.faults import FaultOptions, plan_faults
@@ -113,6 +113,7 @@ class SimResult:
         workload: the workload's name.
         cluster: the cluster's name.
         total_gpus: GPUs in the cluster.
+        node_order: where the scheduler put each pod (``NodeOrder``'s name: spread, binpack).
         jobs: one record per job.
         timeline: allocated/effective GPUs at each reconcile.
         alloc_gpu_s: GPU-seconds held by pods.
@@ -149,6 +150,7 @@ class SimResult:
     node_down_s: float = 0.0
     metrics_outages: int = 0
     metrics_outage_s: float = 0.0
+    node_order: str = NodeOrder.SPREAD.value
 
 
 def _record(job: SimJob) -> JobRecord:
@@ -304,6 +306,7 @@ def simulate(
         node_down_s=_seen(((f.start_s, f.end_s) for f in failures), sim.now_s),
         metrics_outages=sum(1 for start, _ in metrics.outages if start < sim.now_s),
         metrics_outage_s=_seen(metrics.outages, sim.now_s),
+        node_order=cluster.node_order.value,
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 
 from scheduler_policy.vocabulary.state import JobKey, QueueName, ThroughputPoint
+from simulations.cluster_config import NodeOrder
 from simulations.workload import WorkloadJob
 
 
@@ -36,6 +37,12 @@ class SimJob:
 
     Attributes:
         annotations: the Job's annotations; the engine's memory is ``tide.io/memory``.
+        pods: the node of each placed pod of its scaling task, in task-index order.
+        pod_indices: the task index of each of ``pods`` (ascending; as Volcano's
+            ``volcano.sh/task-index``): a pod keeps its index while it runs, a scale-down takes
+            the highest, and a new pod takes the lowest free one (a node failure's victims
+            leave gaps that their replacements fill, as Volcano recreates a missing pod under
+            its own name).
 
     Attributes (derived from the placed pods, read at every event for every running job, so
     stored; ``pods_changed`` keeps them current):
@@ -58,6 +65,7 @@ class SimJob:
         "killed_gpu_s",
         "killed_units",
         "kills",
+        "pod_indices",
         "pods",
         "points",
         "queue",
@@ -83,6 +91,7 @@ class SimJob:
         self.status = Status.WAITING
         self.spec_replicas = spec.requested_replicas
         self.pods: list[int] = []
+        self.pod_indices: list[int] = []
         self.done_units = 0.0
         self.unckpt_s = 0.0
         self.restart_until_s = 0.0
@@ -131,14 +140,35 @@ class SimJob:
 
 
 class Nodes:
-    """Free GPUs per node, and which nodes are up."""
+    """Free GPUs per node, which nodes are up, and where the scheduler puts a pod.
 
-    __slots__ = ("_total_free", "_up_count", "free", "gpus_per_node", "up")
+    Attributes:
+        order: how a pod's node is chosen (``NodeOrder``).
+        names: each node's name (``node-0``, ``node-1``, ...), as the engine sees it.
+        changes: bumped at every change of a node's free GPUs or health (a view built from
+            the nodes is current while it is unchanged).
+    """
 
-    def __init__(self, *, count: int, gpus_per_node: int) -> None:
+    __slots__ = (
+        "_total_free",
+        "_up_count",
+        "changes",
+        "free",
+        "gpus_per_node",
+        "names",
+        "order",
+        "up",
+    )
+
+    def __init__(
+        self, *, count: int, gpus_per_node: int, order: NodeOrder = NodeOrder.SPREAD
+    ) -> None:
         self.gpus_per_node = gpus_per_node
+        self.order = order
         self.free = [gpus_per_node] * count
         self.up = [True] * count
+        self.names = tuple(f"node-{i}" for i in range(count))
+        self.changes = 0
         # Kept as the lists change (through the methods below only): summing them at every
         # event was a quarter of a long simulation's time.
         self._total_free = gpus_per_node * count
@@ -161,6 +191,7 @@ class Nodes:
             self._up_count -= 1
         self.up[node] = False
         self.free[node] = self.gpus_per_node
+        self.changes += 1
 
     def set_up(self, node: int) -> None:
         """The node comes back, empty."""
@@ -171,29 +202,45 @@ class Nodes:
         self.up[node] = True
         self.free[node] = self.gpus_per_node
         self._total_free += self.gpus_per_node
+        self.changes += 1
 
     def place(self, gpus: int, count: int) -> list[int] | None:
-        """Reserve ``count`` pods of ``gpus`` each, best fit (fullest node first); all or none.
+        """Reserve ``count`` pods of ``gpus`` each, all or none, one after another by ``order``.
+
+        ``SPREAD`` (Volcano's default ``nodeorder``, least requested): each pod to the node
+        with the most free GPUs that fits it. ``BINPACK`` (the ``binpack`` plugin): each pod to
+        the fullest node that fits it. A tie goes to the first node.
 
         Args:
             gpus: GPUs per pod.
             count: number of pods.
 
         Returns:
-            The node of each pod, or None (and nothing reserved) if they do not all fit.
+            The node of each pod, in order, or None (and nothing reserved) if they do not all
+            fit.
         """
+        free = self.free
+        up = self.up
+        spread = self.order is NodeOrder.SPREAD
         chosen: list[int] = []
         for _ in range(count):
             best = -1
-            for i, free in enumerate(self.free):
-                if self.up[i] and free >= gpus and (best < 0 or free < self.free[best]):
+            best_free = 0
+            for i, left in enumerate(free):
+                if (
+                    left >= gpus
+                    and up[i]
+                    and (best < 0 or (left > best_free if spread else left < best_free))
+                ):
                     best = i
+                    best_free = left
             if best < 0:
                 self.release(gpus, chosen)
                 return None
-            self.free[best] -= gpus
+            free[best] -= gpus
             self._total_free -= gpus
             chosen.append(best)
+        self.changes += 1
         return chosen
 
     def release(self, gpus: int, nodes: list[int]) -> None:
@@ -202,3 +249,5 @@ class Nodes:
             self.free[node] += gpus
             if self.up[node]:
                 self._total_free += gpus
+        if nodes:
+            self.changes += 1

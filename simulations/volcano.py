@@ -12,12 +12,16 @@ What is modelled (volcano-sh/volcano v1.16, DESIGN.md "Volcano facts"):
   or a baseline's priority). A job starts only when its whole gang minimum fits (gang plugin),
   within the queue's deserved share. Elastic pods (above ``minAvailable``) are placed after every
   gang, in the same order, one at a time, also within the deserved share.
+- placement: each pod goes to a node by the cluster's node order (``NodeOrder``: spread, Volcano's
+  default ``nodeorder``, to the node with the most free GPUs; binpack to the fullest that fits),
+  a gang all or none; free GPUs spread over nodes too small for a pod do not start it.
 - backfill: a job that does not fit does not block smaller jobs behind it.
 - reclaim (when enabled): a queue whose first waiting job fits in its deserved share but not in
   the free GPUs kills elastic pods (never below a job's ``minAvailable``) of jobs in other,
   reclaimable queues that hold more than their deserved share, latest-submitted job first,
   only when that frees enough. The kill is abrupt: work since the last checkpoint is lost.
-- not modelled: ``preempt`` within a queue, priority classes, node affinity, CPU/memory.
+- not modelled: ``preempt`` within a queue, priority classes, node affinity, CPU/memory, and
+  reclaim choosing victims by node (it kills the highest task indices wherever they are).
 """
 
 from __future__ import annotations

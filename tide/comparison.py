@@ -358,6 +358,8 @@ def run_comparison(
         "workload": first.workload.name,
         "cluster": cluster.name,
         "gpus": cluster.total_gpus,
+        # The figures depend on where the scheduler put the pods (spread: Volcano's default).
+        "node_order": cluster.node_order.value,
         "jobs": len(first.workload.jobs),
         "skipped_rows": first.workload.skipped_rows,
         # Each skipped row's line and reason (a trace skips the same rows at every seed).
@@ -391,7 +393,8 @@ def run_comparison(
         results,
         out_dir,
         seeds=[one.seed for one in seeded],
-        subject=f"{_name(seeded)} on {cluster.name}, {cluster.total_gpus} GPUs",
+        subject=f"{_name(seeded)} on {cluster.name}, {cluster.total_gpus} GPUs, "
+        f"{cluster.node_order.value} placement",
     )
     of_seed = (
         f" (the JCT CDF of every seed's jobs, the others of seed {first.seed})"
@@ -461,8 +464,8 @@ def _print_one(
         console,
         summary_table(
             summaries,
-            title=f"{workload.name} on {cluster.name} "
-            f"({cluster.total_gpus} GPUs, {len(workload.jobs)} jobs)",
+            title=f"{workload.name} on {cluster.name} ({cluster.total_gpus} GPUs, "
+            f"{cluster.node_order.value} placement, {len(workload.jobs)} jobs)",
         ),
     )
     console.print(idle_line(summaries))
@@ -519,8 +522,8 @@ def _print_seeds(
         console,
         seeds_table(
             summaries,
-            title=f"{_name(seeded)} on {cluster.name} ({cluster.total_gpus} GPUs, {jobs}), "
-            f"seeds {seed_list}",
+            title=f"{_name(seeded)} on {cluster.name} ({cluster.total_gpus} GPUs, "
+            f"{cluster.node_order.value} placement, {jobs}), seeds {seed_list}",
         ),
     )
     for line in ratio_lines(summaries, seeds, reference=reference):

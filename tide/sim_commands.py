@@ -11,7 +11,7 @@ import typer
 
 from scheduler_policy.policy.file import load_policy
 from scheduler_policy.vocabulary.errors import TideError
-from simulations.api import PolicyRun, Seeded, default_policy_for
+from simulations.api import PolicyRun, Seeded, default_policy_for, with_node_order
 from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
 from simulations.controllers import BASELINE_NAMES
 from simulations.errors import SimulationError
@@ -30,6 +30,7 @@ from tide.sim_options import (
     MemberOpt,
     MtbfOpt,
     NoBoundOpt,
+    NodeOrderOpt,
     OutageOpt,
     OutOpt,
     QuietOpt,
@@ -56,6 +57,7 @@ def _seeded_setup(
     fmt: str,
     member: str,
     cluster_file: Path | None,
+    node_order: str | None,
     seeds: list[int],
     duration_h: float,
     load: float,
@@ -64,8 +66,11 @@ def _seeded_setup(
     start_h: float = 0.0,
     end_h: float | None = None,
 ) -> tuple[list[Seeded], ClusterSpec]:
-    """The cluster, and each seed's workload and run options (``seed_options``)."""
-    cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
+    """The cluster (with ``--node-order``), and each seed's workload and run options
+    (``seed_options``)."""
+    cluster = with_node_order(
+        load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER, node_order
+    )
     seeded = seeded_workloads(
         trace=trace,
         fmt=fmt,
@@ -121,6 +126,7 @@ def register(app: typer.Typer) -> None:
         fmt: FormatOpt = "auto",
         member: MemberOpt = "cluster04.csv",
         cluster_file: ClusterOpt = None,
+        node_order: NodeOrderOpt = None,
         policy_file: Annotated[
             Path | None,
             typer.Option(
@@ -162,6 +168,7 @@ def register(app: typer.Typer) -> None:
                 fmt=fmt,
                 member=member,
                 cluster_file=cluster_file,
+                node_order=node_order,
                 seeds=chosen,
                 duration_h=duration_h,
                 load=load,
@@ -197,6 +204,7 @@ def register(app: typer.Typer) -> None:
         fmt: FormatOpt = "auto",
         member: MemberOpt = "cluster04.csv",
         cluster_file: ClusterOpt = None,
+        node_order: NodeOrderOpt = None,
         seed: SeedOpt = 0,
         seeds: SeedsOpt = None,
         duration_h: DurationOpt = DEFAULT_DURATION_H,
@@ -221,6 +229,7 @@ def register(app: typer.Typer) -> None:
                 fmt=fmt,
                 member=member,
                 cluster_file=cluster_file,
+                node_order=node_order,
                 seeds=chosen,
                 duration_h=duration_h,
                 load=load,

@@ -25,7 +25,7 @@ from simulations.api import (
     policy_queue_warnings,
     time_window,
 )
-from simulations.cluster_config import ClusterSpec
+from simulations.cluster_config import ClusterSpec, node_order
 from simulations.errors import SimulationError
 from simulations.faults import FaultOptions
 from simulations.run import RunOptions
@@ -51,6 +51,31 @@ MemberOpt = Annotated[str, typer.Option("--member", help="Cluster file inside an
 ClusterOpt = Annotated[
     Path | None, typer.Option("--cluster", help="Cluster file (YAML); default: built-in 8x4 GPUs.")
 ]
+
+
+def _node_order_flag(value: str | None) -> str | None:
+    """``--node-order``'s check: a node order's name, or None (left out)."""
+    if value is not None:
+        try:
+            node_order(value, "--node-order")
+        except ValueError as e:
+            raise typer.BadParameter(str(e).removeprefix("--node-order: ")) from e
+    return value
+
+
+NodeOrderOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--node-order",
+        help="Where the scheduler puts each pod: spread (Volcano's default nodeorder: the node "
+        "with the most free GPUs) or binpack (the fullest node that fits); default: the "
+        "cluster file's nodeOrder, else spread. The report says which one ran.",
+        metavar="spread|binpack",
+        callback=_node_order_flag,
+    ),
+]
+
+
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, help="Seed of workload, noise and faults.")]
 SeedsOpt = Annotated[
     str | None,

@@ -18,7 +18,7 @@ from rich.table import Table
 from scheduler_policy.policy.file import load_policy, policy_yaml
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.errors import TideError
-from simulations.api import Seeded, default_policy_for
+from simulations.api import Seeded, default_policy_for, with_node_order
 from simulations.bounds import jct_lower_bounds_h
 from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
 from simulations.errors import SimulationError
@@ -52,6 +52,7 @@ from tide.sim_options import (
     MemberOpt,
     MtbfOpt,
     NoBoundOpt,
+    NodeOrderOpt,
     OutageOpt,
     QuietOpt,
     SkipOpt,
@@ -119,9 +120,15 @@ def _json_number(value: float) -> float | None:
 
 
 def _trial_record(
-    space: SearchSpace, trial: Trial, base: ElasticPolicy, seeded: list[Seeded]
+    space: SearchSpace,
+    trial: Trial,
+    base: ElasticPolicy,
+    seeded: list[Seeded],
+    *,
+    cluster: ClusterSpec,
 ) -> dict[str, object]:
-    """A run as trials.json gives it: the base's run says ``base`` and gives its values."""
+    """A run as trials.json gives it: the base's run says ``base`` and gives its values, and
+    each says the node order it ran with (its figures depend on it)."""
     values: dict[str, float | None] = dict(trial.params)
     if trial.is_base:
         values = {n: param_value(base, n) for n in space.parameters}
@@ -135,6 +142,7 @@ def _trial_record(
         "params": params,
         "objective": _json_number(trial.objective),
         "spread": _json_number(_spread(trial)),
+        "node_order": cluster.node_order.value,
         "by_workload": [
             {"workload": one.workload.name, "seed": one.seed, space.objective: _json_number(v)}
             for one, v in zip(seeded, trial.by_workload, strict=True)
@@ -317,6 +325,7 @@ def register(app: typer.Typer) -> None:
         fmt: FormatOpt = "auto",
         member: MemberOpt = "cluster04.csv",
         cluster_file: ClusterOpt = None,
+        node_order: NodeOrderOpt = None,
         policy_file: Annotated[
             Path | None,
             typer.Option(
@@ -360,7 +369,9 @@ def register(app: typer.Typer) -> None:
                 horizon_h=horizon_h, mtbf_h=node_mtbf_h, outage_h=outage_h, quiet_s=quiet_s
             )
             space = load_search_space(space_file)
-            cluster = load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER
+            cluster = with_node_order(
+                load_cluster(cluster_file) if cluster_file else BUILTIN_CLUSTER, node_order
+            )
             base = load_policy(policy_file) if policy_file else default_policy_for(cluster)
             warn_policy(base, cluster)
             check_values(space, base)
@@ -454,6 +465,10 @@ def register(app: typer.Typer) -> None:
         if per_workload is not None:
             print_fitted(console, per_workload)
         console.print(_tune_outcome(space, result, out))
+        console.print(
+            f"simulated on {cluster.name} ({cluster.total_gpus} GPUs, "
+            f"{cluster.node_order.value} placement: --node-order)"
+        )
         if space.objective == "avg_jct_h" and no_bound:
             console.print(NO_BOUND)
         elif space.objective == "avg_jct_h":
@@ -465,7 +480,7 @@ def register(app: typer.Typer) -> None:
             )
         runs = ([result.base] if result.base is not None else []) + trials
         (out / "trials.json").write_text(
-            json.dumps([_trial_record(space, t, base, seeded) for t in runs])
+            json.dumps([_trial_record(space, t, base, seeded, cluster=cluster) for t in runs])
         )
         if result.interrupted:
             raise typer.Exit(130)
