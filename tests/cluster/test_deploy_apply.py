@@ -570,3 +570,66 @@ def test_the_engines_account_is_refused_everything_else(world: World, name: str)
     code = send(world, call)
     assert code == 403, f"{name}: {call.method} {world.path(call.path)} -> {code}"
     assert _audited(world, call, 403, since), f"{name}: not in the audit log with 403"
+
+
+def test_the_engine_itself_works_with_the_charts_token(world: World, tmp_path: Path) -> None:
+    # tide engine --once, with the Volcano client and the Lease on the chart's ServiceAccount
+    # token: its patch and its Event go through, and every request it made was allowed (the
+    # audit log), but for the first read of a Lease that does not exist yet.
+    from scheduler_policy.vocabulary.protocols import MetricsSample
+    from scheduler_policy.vocabulary.state import JobKey, ThroughputPoint
+    from tide.engine.command import run_once
+    from tide.engine.options import EngineOptions
+
+    plane, queue = world.plane, world.queue["metadata"]["name"]
+    with plane.api_client() as api:  # what Volcano's controller would have set
+        client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+            "batch.volcano.sh", "v1alpha1", world.work_ns, "jobs", world.job,
+            {"status": {"state": {"phase": "Running"}}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "apiVersion: tide.io/v1alpha1\nkind: ElasticPolicy\nmetadata:\n  name: token-test\n"
+        "spec:\n  interval: 30s\n  defaults:\n    cooldown: 0s\n"
+        "    stabilizationWindow:\n      up: 0s\n      down: 0s\n"
+        f"  queues:\n    - name: {queue}\n      elastic: true\n      borrowIdleGpus: true\n"
+    )
+    key = JobKey(f"{world.work_ns}/{world.job}")
+
+    class Measured:
+        def sample(self, *, now_s: float) -> MetricsSample:
+            points = (ThroughputPoint(now_s - 60, 1, 100.0), ThroughputPoint(now_s - 30, 2, 190.0))
+            return MetricsSample(
+                fresh=True,
+                cluster_free_gpus=float("nan"),  # the client's nodes give it
+                job_throughput={key: points},
+                queue_allocated_gpus={queue: 0.0},
+            )
+
+    options = EngineOptions(
+        policy_path=policy,
+        kubeconfig=plane.kubeconfig_for_token(world.token),
+        once=True,
+        lease_namespace=world.engine_ns,
+        lease_name=world.lease,
+        namespace=world.work_ns,
+    )
+    since = time.time()
+    outcome = run_once(options, metrics=lambda _policy: Measured())
+    result = outcome.result
+    assert outcome.wrote and not result.failed, outcome
+    assert [c.job for c in result.applied] == [key], result.decisions
+    requests = plane.wait_for_audit(
+        lambda r: r.user == world.user and r.verb == "create" and r.resource == "events",
+        since=since,
+    )
+    mine = [r for r in plane.audit_requests(since) if r.user == world.user]
+    refused = [
+        r for r in mine
+        if r.code >= 400 and not (r.resource == "leases" and r.verb == "get" and r.code == 404)
+    ]  # fmt: skip
+    assert refused == [], refused
+    verbs = {(r.verb, r.resource) for r in mine}
+    assert {("patch", "jobs"), ("create", "events"), ("create", "leases")} <= verbs, verbs
+    assert requests
