@@ -88,14 +88,21 @@ kube_apiserver() {
   rm -rf "$dir" && mv "$dir.tmp" "$dir"
 }
 
+# The tests run /usr/bin/etcd itself (Debian's 3.4, whose flags they pass), not any etcd on PATH.
+ETCD=/usr/bin/etcd
 etcd_server() {
-  command -v etcd >/dev/null && return 0
-  if ! command -v apt-get >/dev/null || [ "$(id -u)" != 0 ]; then
-    say "error: etcd is missing; install Debian's etcd-server (needs apt-get and root)"
+  [ -x "$ETCD" ] && return 0
+  if ! command -v apt-get >/dev/null; then
+    say "error: the cluster tests need $ETCD (Debian's etcd-server package) and install it only with apt-get (Debian/Ubuntu), which this machine lacks: install etcd 3.4 as $ETCD first"
+    exit 1
+  fi
+  if [ "$(id -u)" != 0 ]; then
+    say "error: the cluster tests need $ETCD; installing Debian's etcd-server package needs root: run 'sudo apt-get install etcd-server' first, or run this as root"
     exit 1
   fi
   say "installing etcd-server from Debian's packages"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null
+  [ -x "$ETCD" ] || { say "error: apt-get installed etcd-server but $ETCD is still missing"; exit 1; }
   # The package starts a system etcd on the default ports; the tests run their own on free ports.
   systemctl disable --now etcd >/dev/null 2>&1 || true
 }

@@ -1,0 +1,1 @@
+"""Tests against a real control plane: etcd, kube-apiserver and KWOK on loopback."""
