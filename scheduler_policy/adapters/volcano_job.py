@@ -59,6 +59,7 @@ __all__ = [
     "annotated_job",
     "missing_task_problem",
     "pod_gpus",
+    "quantity",
     "read_job",
     "read_jobs",
     "read_tasks",
@@ -104,6 +105,9 @@ class VolcanoJob:
         has_annotations: whether ``metadata.annotations`` exists (a patch must create it first
             when it does not).
         tasks: every task of ``spec.tasks`` that is a mapping, as read.
+        min_available: the job's own ``spec.minAvailable`` (its gang minimum); None when
+            unset or invalid.
+        uid: ``metadata.uid``; None when absent (a manifest).
     """
 
     state: JobState
@@ -111,6 +115,8 @@ class VolcanoJob:
     resource_version: str | None = None
     has_annotations: bool = True
     tasks: tuple[TaskRead, ...] = ()
+    min_available: int | None = None
+    uid: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +157,17 @@ def _mapping(value: object) -> Mapping[str, object]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _quantity(value: object, *, path: str, problems: list[str]) -> float:
-    """A Kubernetes quantity as a number; 0 (and a problem) when it is not one."""
+def quantity(value: object, *, path: str, problems: list[str]) -> float:
+    """A Kubernetes quantity (``"8"``, ``"500m"``, ``2``) as a number.
+
+    Args:
+        value: the quantity as the API gives it.
+        path: where it is, named in the problem.
+        problems: where a problem is appended.
+
+    Returns:
+        The number; 0 (and a problem) when ``value`` is not a non-negative quantity.
+    """
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         if value >= 0:
             return float(value)
@@ -168,12 +183,12 @@ def _container_gpus(container: Mapping[str, object], *, path: str, problems: lis
     limits = _mapping(resources.get("limits"))
     # An extended resource's request defaults to its limit, and the API refuses them unequal.
     if GPU_RESOURCE in requests:
-        return _quantity(
+        return quantity(
             requests[GPU_RESOURCE], path=f"{path}.resources.requests[{GPU_RESOURCE}]",
             problems=problems,
         )  # fmt: skip
     if GPU_RESOURCE in limits:
-        return _quantity(
+        return quantity(
             limits[GPU_RESOURCE], path=f"{path}.resources.limits[{GPU_RESOURCE}]",
             problems=problems,
         )  # fmt: skip
@@ -352,9 +367,12 @@ def read_job(obj: object, *, source: str = "job") -> VolcanoJob | UnreadJob:
     spec = obj.get("spec")
     tasks: list[TaskRead] = []
     queue: object = DEFAULT_QUEUE
+    job_least: int | None = None
     if isinstance(spec, Mapping):
         queue = spec.get("queue", DEFAULT_QUEUE)
         tasks = read_tasks(spec, problems)
+        if spec.get("minAvailable") is not None:
+            job_least = _count(spec["minAvailable"], path="spec.minAvailable", problems=problems)
     else:
         problems.append(f"spec: must be a mapping, got {show(spec)}")
     if not isinstance(queue, str) or not queue:
@@ -400,15 +418,25 @@ def read_job(obj: object, *, source: str = "job") -> VolcanoJob | UnreadJob:
         read_problems=tuple(problems),
     )
     job = annotated_job(base, annotations, source=key)
+    if found is not None and job_least is not None:
+        # The admission rules refuse ``spec.minAvailable`` above the total replicas, and that
+        # minimum is the owner's gang minimum (fixed, in the elastic pattern): the scaling
+        # task never goes below what it leaves to the task, whatever the annotations say.
+        floor = job_least - sum(t.replicas or 0 for t in tasks if t is not found)
+        if job.min_replicas < floor:
+            job = dataclasses.replace(job, min_replicas=floor)
     if MAX_REPLICAS not in annotations and job.max_replicas < job.min_replicas:
         # Without a maximum the job may not grow beyond its replicas, or its minimum if above.
         job = dataclasses.replace(job, max_replicas=job.min_replicas)
+    uid = metadata.get("uid")
     return VolcanoJob(
         state=job,
         task_index=None if found is None else found.index,
         resource_version=resource_version if isinstance(resource_version, str) else None,
         has_annotations=isinstance(metadata.get("annotations"), Mapping),
         tasks=tuple(tasks),
+        min_available=job_least,
+        uid=uid if isinstance(uid, str) else None,
     )
 
 
@@ -443,6 +471,14 @@ def replica_patch(job: VolcanoJob, change: ReplicaChange) -> list[dict[str, obje
     the memory annotation in the same patch, so that replicas and memory never disagree. With
     a ``resource_version``, that is tested too.
 
+    Volcano's admission rules (its ValidatingAdmissionPolicy ``job-validation-policy`` and its
+    webhook) refuse a task's ``minAvailable`` above its ``replicas``. A job whose
+    ``tide.io/min-replicas`` lets it go below the task's ``minAvailable`` therefore has that
+    ``minAvailable`` lowered to the new replicas in the same patch (tested first). The job's
+    own ``spec.minAvailable`` is never changed: ``read_job`` keeps ``min_replicas`` above what
+    it requires, so a change within the job's bounds passes the rule that the job's
+    ``minAvailable`` is at most the total replicas.
+
     Args:
         job: the job as read.
         change: the write.
@@ -472,6 +508,11 @@ def replica_patch(job: VolcanoJob, change: ReplicaChange) -> list[dict[str, obje
     if change.to_replicas != change.from_replicas:
         ops.append({"op": "replace", "path": _pointer(*task, "replicas"),
                     "value": change.to_replicas})  # fmt: skip
+        least = next((t.min_available for t in job.tasks if t.index == job.task_index), None)
+        if least is not None and change.to_replicas < least:
+            ops.append({"op": "test", "path": _pointer(*task, "minAvailable"), "value": least})
+            ops.append({"op": "replace", "path": _pointer(*task, "minAvailable"),
+                        "value": change.to_replicas})  # fmt: skip
     if not job.has_annotations:
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
     ops.append({
