@@ -275,13 +275,42 @@ def test_a_pending_gang_in_a_full_cluster_is_fitted_by_shrinking_the_borrower(sa
 # --- 3 ----------------------------------------------------------------------------------------
 
 
-def test_a_second_reconcile_on_the_same_state_writes_nothing(sandbox):
-    world = world_for(sandbox, order=NodeOrder.SPREAD, overcommit=False)
+def grown(world: World, *, settle: bool) -> Tide:
+    """An elastic job of 2 grown to 32 by tide; its pods made and Running when ``settle``."""
     world.elastic("elastic", replicas=2)
     world.settle("elastic", 2)
     tide = world.tide("elastic")
-    assert changes(tide.reconcile())
-    world.settle("elastic", 32)
+    assert changes(tide.reconcile()) == {"elastic": (2, 32, Reason.SCALE_UP_FOR_IDLE_GPUS)}
+    if settle:
+        world.settle("elastic", 32)
+    return tide
+
+
+def shrunk(world: World, *, settle: bool) -> Tide:
+    """A borrower of 28 shrunk to 8 for a Pending gang; the gang Running when ``settle``."""
+    world.elastic("elastic", replicas=28, max_replicas=28)
+    world.settle("elastic", 28)
+    world.gang("prod")
+    world.standin.step()
+    tide = world.tide("elastic")
+    assert changes(tide.reconcile()) == {"elastic": (28, 8, Reason.SHRINK_FOR_PENDING_WORK)}
+    if settle:
+        world.settle("prod", 3)
+    return tide
+
+
+SAME_STATE = {
+    "right-after-a-growth-before-the-pods-exist": (grown, False, NodeOrder.SPREAD),
+    "after-a-growth-once-the-pods-run": (grown, True, NodeOrder.SPREAD),
+    "right-after-a-shrink-for-a-gang": (shrunk, False, NodeOrder.BINPACK),
+    "after-a-shrink-once-the-gang-runs": (shrunk, True, NodeOrder.BINPACK),
+}
+
+
+@pytest.mark.parametrize(("make", "settle", "order"), SAME_STATE.values(), ids=SAME_STATE.keys())
+def test_a_second_reconcile_on_the_same_state_writes_nothing(sandbox, make, settle, order):
+    world = world_for(sandbox, order=order, overcommit=True)
+    tide = make(world, settle=settle)
     patches = world.client.requests().patches
     since = time.time()
 
