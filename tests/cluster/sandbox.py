@@ -15,7 +15,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tests.cluster.standin import BATCH, GPU, SCHEDULING, TASK_INDEX, NodeOrder, StandInVolcano
+from tests.cluster.standin import NodeOrder, StandInVolcano
+from tests.cluster.standin_objects import BATCH, GPU, SCHEDULING, TASK_INDEX
 
 RECORDINGS = Path(__file__).resolve().parents[2].parent / "shared" / "volcano-wire" / "v1.15.1"
 NODE_LABEL = "tide-test"

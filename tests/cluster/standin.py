@@ -28,18 +28,15 @@ elsewhere); it knows no queue shares (``proportion``), priorities, predicates ot
 GPUs, or job policies (restarts, retries). A scenario that needs any of these is testing
 something this stand-in does not play.
 
+The objects it writes and the placement rule are pure functions of ``standin_objects.py``.
 It sees only the Jobs, PodGroups and pods of one namespace and the nodes matching one label
 selector, so that tests sharing one control plane do not see each other's work.
 """
 
 from __future__ import annotations
 
-import datetime
-import enum
-import json
 import logging
 import time
-import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,42 +46,34 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-logger = logging.getLogger(__name__)
+from tests.cluster.standin_objects import (
+    BATCH,
+    GPU,
+    JSON_PATCH,
+    SCHEDULED,
+    SCHEDULING,
+    TERMINAL_POD_PHASES,
+    NodeOrder,
+    Pod,
+    body_json,
+    creation_order,
+    format_quantity,
+    job_status,
+    min_gpus,
+    min_resources,
+    parse_quantity,
+    place,
+    pod_body,
+    podgroup_status,
+    read_pod,
+)
 
-BATCH = ("batch.volcano.sh", "v1alpha1")
-SCHEDULING = ("scheduling.volcano.sh", "v1beta1")
-GPU = "nvidia.com/gpu"
-SCHEDULER_NAME = "volcano"
-JSON_PATCH = "application/json-patch+json"
+logger = logging.getLogger(__name__)
 
 # Volcano's overcommit plugin multiplies the idle resources by its `overcommit-factor`
 # argument, 1.2 when the argument is not given (pkg/scheduler/plugins/overcommit:
 # defaultOverCommitFactor = 1.2).
 DEFAULT_OVERCOMMIT_FACTOR = 1.2
-
-# Pod labels and annotations the job controller sets (pod-of-vcjob.json).
-GROUP_NAME = "scheduling.k8s.io/group-name"
-JOB_NAME = "volcano.sh/job-name"
-JOB_NAMESPACE = "volcano.sh/job-namespace"
-QUEUE_NAME = "volcano.sh/queue-name"
-TASK_INDEX = "volcano.sh/task-index"
-TASK_SPEC = "volcano.sh/task-spec"
-JOB_VERSION = "volcano.sh/job-version"
-RETRY_COUNT = "volcano.sh/job-retry-count"
-TEMPLATE_UID = "volcano.sh/template-uid"
-
-_TERMINAL_POD_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-class NodeOrder(enum.Enum):
-    """How the scheduler ranks the nodes a pod fits on (README, "Placement")."""
-
-    # Volcano's default `nodeorder` plugin (leastrequested): the node with the most free GPUs
-    # first; the README: 24 one-GPU pods of one job went 6 to each of the 4 nodes.
-    SPREAD = "spread"
-    # `binpack` with `binpack.resources: nvidia.com/gpu` and leastrequested's weight 0: the
-    # fullest node that fits first; the README: after a scale-down the 8 left were on one node.
-    BINPACK = "binpack"
 
 
 class StandInError(Exception):
@@ -137,125 +126,7 @@ class _Report:
         )
 
 
-# --- quantities -----------------------------------------------------------------------------
-
-_SUFFIXES = {
-    "": Fraction(1), "m": Fraction(1, 1000), "k": Fraction(10**3), "M": Fraction(10**6),
-    "G": Fraction(10**9), "T": Fraction(10**12), "Ki": Fraction(2**10), "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30), "Ti": Fraction(2**40),
-}  # fmt: skip
-
-
-def parse_quantity(value: object, *, path: str) -> Fraction:
-    """A Kubernetes quantity (``"1"``, ``"500m"``, ``"8Gi"``, or a number) as an exact fraction.
-
-    Raises:
-        ValueError: ``value`` is not a quantity; the message names ``path``.
-    """
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return Fraction(value)
-    if isinstance(value, str):
-        text = value.strip()
-        for suffix in sorted(_SUFFIXES, key=len, reverse=True):
-            if suffix and text.endswith(suffix):
-                number = text[: -len(suffix)]
-                break
-        else:
-            suffix, number = "", text
-        try:
-            return Fraction(number) * _SUFFIXES[suffix]
-        except (ValueError, ZeroDivisionError):
-            pass
-    raise ValueError(f"{path}: not a Kubernetes quantity: {value!r}")
-
-
-def format_quantity(value: Fraction) -> str:
-    """An exact quantity as the API writes counts: ``"24"``; ``"1500m"`` for a fraction."""
-    if value.denominator == 1:
-        return str(value.numerator)
-    return f"{int(value * 1000)}m"
-
-
-def pod_requests(pod_spec: Mapping[str, Any], *, path: str) -> dict[str, Fraction]:
-    """What a pod asks for: the sum of its containers' requests, or an init container's when
-    more (the scheduler's rule); a resource given only as a limit requests its limit (the
-    API's defaulting of container requests).
-
-    Raises:
-        ValueError: a quantity is malformed; the message names where.
-    """
-
-    def container(c: Mapping[str, Any], where: str) -> dict[str, Fraction]:
-        resources = c.get("resources") or {}
-        asked = dict(resources.get("limits") or {})
-        asked.update(resources.get("requests") or {})
-        return {k: parse_quantity(v, path=f"{where}.resources[{k}]") for k, v in asked.items()}
-
-    total: dict[str, Fraction] = defaultdict(Fraction)
-    for i, c in enumerate(pod_spec.get("containers") or []):
-        for k, v in container(c, f"{path}.containers[{i}]").items():
-            total[k] += v
-    for i, c in enumerate(pod_spec.get("initContainers") or []):
-        for k, v in container(c, f"{path}.initContainers[{i}]").items():
-            total[k] = max(total[k], v)
-    return dict(total)
-
-
-def min_resources(
-    tasks: Sequence[Mapping[str, Any]], *, min_available: int, path: str
-) -> dict[str, str]:
-    """A Job's PodGroup ``minResources``: the quota usage of its first ``min_available`` pods.
-
-    podgroups-with-pending-gang.json: the elastic job (minAvailable 1, replicas 2 and more, one
-    GPU and one CPU per pod) has ``minResources`` of one pod, the gang (3 × 8 GPUs) of three;
-    the README: "minResources follows minAvailable, not replicas". The keys are those recorded:
-    ``count/pods`` and ``pods``, and each requested resource both bare and as ``requests.*``.
-
-    Raises:
-        ValueError: a task's template has a malformed quantity.
-    """
-    total: dict[str, Fraction] = defaultdict(Fraction)
-    pods = 0
-    for t, task in enumerate(tasks):
-        spec = (task.get("template") or {}).get("spec") or {}
-        requests = pod_requests(spec, path=f"{path}.spec.tasks[{t}].template.spec")
-        for _ in range(int(task.get("replicas", 0))):
-            if pods >= min_available:
-                break
-            pods += 1
-            for k, v in requests.items():
-                total[k] += v
-    out = {"count/pods": str(pods), "pods": str(pods)}
-    for k, v in total.items():
-        out[k] = format_quantity(v)
-        out[f"requests.{k}"] = format_quantity(v)
-    return dict(sorted(out.items()))
-
-
 # --- the stand-in ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Pod:
-    name: str
-    group: str | None
-    job: str | None
-    task: str | None
-    index: int | None
-    node: str | None
-    phase: str
-    terminating: bool
-    gpus: Fraction
-    requests: Mapping[str, Fraction]
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _json(response: Any) -> Any:
-    """The body of a response read with ``_preload_content=False``, as plain JSON."""
-    return json.loads(response.data)
 
 
 class StandInVolcano:
@@ -359,43 +230,20 @@ class StandInVolcano:
 
     def _jobs(self) -> list[dict[str, Any]]:
         body = self._custom.list_namespaced_custom_object(*BATCH, self.namespace, "jobs")
-        return sorted(body["items"], key=_creation_order)
+        return sorted(body["items"], key=creation_order)
 
     def _podgroups(self) -> list[dict[str, Any]]:
         body = self._custom.list_namespaced_custom_object(*SCHEDULING, self.namespace, "podgroups")
-        return sorted(body["items"], key=_creation_order)
+        return sorted(body["items"], key=creation_order)
 
-    def _pods(self) -> list[_Pod]:
-        body = _json(self._core.list_namespaced_pod(self.namespace, _preload_content=False))
-        return [p for item in body["items"] if (p := self._read_pod(item)) is not None]
-
-    def _read_pod(self, item: Mapping[str, Any]) -> _Pod | None:
-        meta, spec = item["metadata"], item.get("spec") or {}
-        name = f"{meta.get('namespace')}/{meta['name']}"
-        try:
-            requests = pod_requests(spec, path=f"pod {name}: spec")
-        except ValueError as e:
-            logger.warning("stand-in Volcano: skipping pod: %s", e)
-            return None
-        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
-        index = annotations.get(TASK_INDEX, labels.get(TASK_INDEX))
-        return _Pod(
-            name=meta["name"],
-            group=annotations.get(GROUP_NAME),
-            job=labels.get(JOB_NAME),
-            task=labels.get(TASK_SPEC),
-            index=int(index) if isinstance(index, str) and index.isdigit() else None,
-            node=spec.get("nodeName"),
-            phase=(item.get("status") or {}).get("phase", "Pending"),
-            terminating=meta.get("deletionTimestamp") is not None,
-            gpus=requests.get(GPU, Fraction(0)),
-            requests=requests,
-        )
+    def _pods(self) -> list[Pod]:
+        body = body_json(self._core.list_namespaced_pod(self.namespace, _preload_content=False))
+        return [p for item in body["items"] if (p := read_pod(item)) is not None]
 
     def _free_gpus(self) -> dict[str, Fraction]:
         """Each of its nodes' allocatable GPUs minus the GPUs of the pods bound there (of any
         namespace, terminating ones included: their GPUs are not free until they are gone)."""
-        nodes = _json(
+        nodes = body_json(
             self._core.list_node(label_selector=self.node_selector, _preload_content=False)
         )
         free: dict[str, Fraction] = {}
@@ -409,14 +257,14 @@ class StandInVolcano:
             except ValueError as e:
                 logger.warning("stand-in Volcano: skipping node: %s", e)
                 continue
-            pods = _json(
+            pods = body_json(
                 self._core.list_pod_for_all_namespaces(
                     field_selector=f"spec.nodeName={name}", _preload_content=False
                 )
             )
             for item in pods["items"]:
-                pod = self._read_pod(item)
-                if pod is not None and pod.phase not in _TERMINAL_POD_PHASES:
+                pod = read_pod(item)
+                if pod is not None and pod.phase not in TERMINAL_POD_PHASES:
                     free[name] -= pod.gpus
         return free
 
@@ -437,7 +285,7 @@ class StandInVolcano:
         self,
         job: Mapping[str, Any],
         groups: Mapping[str, Mapping[str, Any]],
-        pods: Sequence[_Pod],
+        pods: Sequence[Pod],
         report: _Report,
     ) -> None:
         meta, spec = job["metadata"], job["spec"]
@@ -511,7 +359,7 @@ class StandInVolcano:
         job: Mapping[str, Any],
         group_name: str,
         queue: str,
-        pods: Sequence[_Pod],
+        pods: Sequence[Pod],
         report: _Report,
     ) -> set[str]:
         """Create and delete the Job's pods; return the names of those deleted."""
@@ -540,7 +388,7 @@ class StandInVolcano:
             for index in range(replicas[task["name"]]):
                 if (task["name"], index) in existing:
                     continue
-                body = _pod_body(job, task, index, group_name=group_name, queue=queue)
+                body = pod_body(job, task, index, group_name=group_name, queue=queue)
                 try:
                     self._core.create_namespaced_pod(self.namespace, body, _preload_content=False)
                 except ApiException as e:
@@ -551,45 +399,14 @@ class StandInVolcano:
                 report.created_pods.append(body["metadata"]["name"])
         return gone
 
-    def _sync_status(self, job: Mapping[str, Any], pods: Sequence[_Pod]) -> None:
-        """The Job's status as vcjob-running.json shows it: ``running``, ``minAvailable``,
-        ``taskStatusCount`` per task and pod phase, ``state.phase`` (``Pending`` until
-        ``minAvailable`` pods run, then ``Running``) and one condition per phase entered."""
-        spec = job["spec"]
-        status = dict(job.get("status") or {})
-        live = [p for p in pods if not p.terminating]
-        running = sum(1 for p in live if p.phase == "Running")
-        counts: dict[str, dict[str, dict[str, int]]] = {}
-        for pod in live:
-            if pod.task is None:
-                continue
-            phases = counts.setdefault(pod.task, {"phase": {}})["phase"]
-            phases[pod.phase] = phases.get(pod.phase, 0) + 1
-        old_phase = (status.get("state") or {}).get("phase")
-        phase = (
-            "Running" if old_phase == "Running" or running >= spec["minAvailable"] else "Pending"
-        )
-        wanted = {
-            "minAvailable": spec["minAvailable"],
-            "running": running,
-            "taskStatusCount": counts,
-        }
-        if all(status.get(k) == v for k, v in wanted.items()) and old_phase == phase:
+    def _sync_status(self, job: Mapping[str, Any], pods: Sequence[Pod]) -> None:
+        status = job_status(job, pods)
+        if status is None:
             return
-        now = _now()
-        conditions = list(status.get("conditions") or [])
-        state = status.get("state") or {}
-        if old_phase != phase:
-            conditions.append({"status": phase, "lastTransitionTime": now})
-            state = {"phase": phase, "lastTransitionTime": now}
         # The whole status at once (a merge patch would keep a task's phase count that is gone).
-        body = [
-            {"op": "add", "path": "/status",
-             "value": {**wanted, "state": state, "conditions": conditions}},
-        ]  # fmt: skip
         self._custom.patch_namespaced_custom_object_status(
-            *BATCH, self.namespace, "jobs", job["metadata"]["name"], body,
-            _content_type=JSON_PATCH,
+            *BATCH, self.namespace, "jobs", job["metadata"]["name"],
+            [{"op": "add", "path": "/status", "value": status}], _content_type=JSON_PATCH,
         )  # fmt: skip
 
     # --- the scheduler ----------------------------------------------------------------------
@@ -598,7 +415,7 @@ class StandInVolcano:
         free = self._free_gpus()
         groups = self._podgroups()
         pods = self._pods()
-        by_group: dict[str, list[_Pod]] = defaultdict(list)
+        by_group: dict[str, list[Pod]] = defaultdict(list)
         for pod in pods:
             if pod.group is not None:
                 by_group[pod.group].append(pod)
@@ -615,12 +432,12 @@ class StandInVolcano:
             if phase == "Inqueue":
                 bound = sum(1 for p in by_group[name] if p.node and not p.terminating)
                 if bound < group["spec"]["minMember"]:
-                    waiting_gpus += _min_gpus(group)
+                    waiting_gpus += min_gpus(group)
         for group in groups:
             name = group["metadata"]["name"]
             if phases[name] != "Pending":
                 continue
-            need = _min_gpus(group)
+            need = min_gpus(group)
             if self.overcommit:
                 # overcommit's enqueue check compares the idle GPUs × factor with the job's
                 # minResources (README: with research at 28 of 32 GPUs the 3 × 8 gang never
@@ -649,10 +466,10 @@ class StandInVolcano:
             min_member = int(group["spec"]["minMember"])
             if bound >= min_member:
                 phases[name] = "Running"
-                conditions[name] = _SCHEDULED
+                conditions[name] = SCHEDULED
                 continue
             unbound = [p for p in members if not p.node]
-            plan = self._place(unbound[: min_member - bound], free)
+            plan = place(unbound[: min_member - bound], free, order=self.node_order)
             if len(unbound) + bound < min_member or plan is None:
                 conditions[name] = {
                     "type": "Unschedulable",
@@ -670,7 +487,7 @@ class StandInVolcano:
             for pod, node in plan:
                 self._bind(pod, node, free, report)
             phases[name] = "Running"
-            conditions[name] = _SCHEDULED
+            conditions[name] = SCHEDULED
         # The pods beyond minMember: one by one while they fit (no gang for them).
         for group in groups:
             name = group["metadata"]["name"]
@@ -679,7 +496,7 @@ class StandInVolcano:
             for pod in by_group[name]:
                 if pod.node or pod.terminating or any(p == pod.name for p, _ in report.bound):
                     continue
-                plan = self._place([pod], free)
+                plan = place([pod], free, order=self.node_order)
                 if plan is not None:
                     self._bind(pod, plan[0][1], free, report)
         bound_now = dict(report.bound)
@@ -688,25 +505,7 @@ class StandInVolcano:
             self._write_group_status(group, phases[name], conditions.get(name), by_group[name])
         self._write_queue_status(groups, by_group, bound_now)
 
-    def _place(
-        self, pods: Sequence[_Pod], free: Mapping[str, Fraction]
-    ) -> list[tuple[_Pod, str]] | None:
-        """Where each of ``pods`` goes, in order, by the node order; None if one does not fit."""
-        left = dict(free)
-        plan = []
-        for pod in pods:
-            fits = [n for n, gpus in left.items() if gpus >= pod.gpus]
-            if not fits:
-                return None
-            if self.node_order is NodeOrder.SPREAD:
-                node = min(fits, key=lambda n: (-left[n], n))
-            else:
-                node = min(fits, key=lambda n: (left[n], n))
-            left[node] -= pod.gpus
-            plan.append((pod, node))
-        return plan
-
-    def _bind(self, pod: _Pod, node: str, free: dict[str, Fraction], report: _Report) -> None:
+    def _bind(self, pod: Pod, node: str, free: dict[str, Fraction], report: _Report) -> None:
         """Bind through the ``pods/binding`` subresource, as a scheduler does."""
         body = client.V1Binding(
             metadata=client.V1ObjectMeta(name=pod.name),
@@ -730,30 +529,13 @@ class StandInVolcano:
         group: Mapping[str, Any],
         phase: str,
         condition: Mapping[str, str] | None,
-        pods: Sequence[_Pod],
+        pods: Sequence[Pod],
     ) -> None:
-        """The PodGroup's ``status`` as recorded: ``phase``, ``running`` (pods Running) and one
-        condition (``Scheduled`` once placed, ``Unschedulable``/``NotEnoughResources`` while
-        its gang does not fit). The PodGroup CRD has no status subresource, so the scheduler
-        writes the object itself (podgroups-with-pending-gang.json: vc-scheduler's Update has
-        no "subresource")."""
+        """Write the PodGroup's status when ``podgroup_status`` says it changed. The PodGroup
+        CRD has no status subresource, so the scheduler writes the object itself
+        (podgroups-with-pending-gang.json: vc-scheduler's Update has no "subresource")."""
         status = dict(group.get("status") or {})
-        wanted: dict[str, Any] = {"phase": phase}
-        running = sum(1 for p in pods if p.phase == "Running" and not p.terminating)
-        if running or "running" in status:
-            wanted["running"] = running
-        conditions = status.get("conditions") or []
-        if condition is not None:
-            same = conditions and all(conditions[-1].get(k) == v for k, v in condition.items())
-            if not same:
-                wanted["conditions"] = [
-                    {
-                        **condition,
-                        "status": "True",
-                        "transitionID": str(uuid.uuid4()),
-                        "lastTransitionTime": _now(),
-                    }
-                ]
+        wanted = podgroup_status(status, phase=phase, condition=condition, pods=pods)
         if all(status.get(k) == v for k, v in wanted.items()):
             return
         self._custom.patch_namespaced_custom_object(
@@ -767,7 +549,7 @@ class StandInVolcano:
     def _write_queue_status(
         self,
         groups: Sequence[Mapping[str, Any]],
-        by_group: Mapping[str, Sequence[_Pod]],
+        by_group: Mapping[str, Sequence[Pod]],
         bound_now: Mapping[str, str],
     ) -> None:
         """Each queue's ``status.allocated`` (what its bound pods request, terminating ones
@@ -780,7 +562,7 @@ class StandInVolcano:
             total = totals.setdefault(queue, defaultdict(Fraction))
             for pod in by_group.get(group["metadata"]["name"], ()):
                 held = (pod.node or pod.name in bound_now) and not pod.terminating
-                if held and pod.phase not in _TERMINAL_POD_PHASES:
+                if held and pod.phase not in TERMINAL_POD_PHASES:
                     total["pods"] += 1
                     for k, v in pod.requests.items():
                         total[k] += v
@@ -806,77 +588,3 @@ class StandInVolcano:
                 queue,
                 {"status": {"allocated": allocated, "state": "Open"}},
             )
-
-
-_SCHEDULED = {"type": "Scheduled", "reason": "tasks in gang are ready to be scheduled"}
-
-
-def _min_gpus(group: Mapping[str, Any]) -> Fraction:
-    name = group["metadata"]["name"]
-    value = (group["spec"].get("minResources") or {}).get(GPU, "0")
-    return parse_quantity(value, path=f"podgroup {name}: spec.minResources[{GPU}]")
-
-
-def _creation_order(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj["metadata"]
-    return (meta.get("creationTimestamp", ""), meta["name"])
-
-
-def _pod_body(
-    job: Mapping[str, Any],
-    task: Mapping[str, Any],
-    index: int,
-    *,
-    group_name: str,
-    queue: str,
-) -> dict[str, Any]:
-    """One pod of a task, as Volcano's job controller makes it (pod-of-vcjob.json): its name,
-    labels, annotations and owner reference; the template's spec with ``schedulerName`` and no
-    ``nodeName``."""
-    meta = job["metadata"]
-    template = task.get("template") or {}
-    tmeta = template.get("metadata") or {}
-    name, namespace, task_name = meta["name"], meta["namespace"], task["name"]
-    labels = {
-        **(tmeta.get("labels") or {}),
-        JOB_NAME: name,
-        JOB_NAMESPACE: namespace,
-        QUEUE_NAME: queue,
-        TASK_INDEX: str(index),
-        TASK_SPEC: task_name,
-    }
-    annotations = {
-        **(tmeta.get("annotations") or {}),
-        GROUP_NAME: group_name,
-        JOB_NAME: name,
-        RETRY_COUNT: "0",
-        JOB_VERSION: "0",
-        QUEUE_NAME: queue,
-        TASK_INDEX: str(index),
-        TASK_SPEC: task_name,
-        TEMPLATE_UID: f"{name}-{task_name}",
-    }
-    spec = dict(template.get("spec") or {})
-    spec.pop("nodeName", None)
-    spec["schedulerName"] = job["spec"].get("schedulerName", SCHEDULER_NAME)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"{name}-{task_name}-{index}",
-            "namespace": namespace,
-            "labels": labels,
-            "annotations": annotations,
-            "ownerReferences": [
-                {
-                    "apiVersion": f"{BATCH[0]}/{BATCH[1]}",
-                    "kind": "Job",
-                    "name": name,
-                    "uid": meta["uid"],
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": spec,
-    }

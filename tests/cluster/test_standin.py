@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from tests.cluster.sandbox import RECORDINGS, Sandbox, job_manifest, recording
-from tests.cluster.standin import NodeOrder, min_resources, parse_quantity
+from tests.cluster.standin import NodeOrder
+from tests.cluster.standin_objects import Pod, min_resources, parse_quantity, place
 
 needs_recordings = pytest.mark.skipif(
     not RECORDINGS.is_dir(), reason=f"the Volcano recordings are not at {RECORDINGS}"
@@ -88,6 +89,37 @@ def test_a_bad_quantity_names_where_it_is():
         ValueError, match=r"spec.containers\[0\]: not a Kubernetes quantity: 'lots'"
     ):
         parse_quantity("lots", path="spec.containers[0]")
+
+
+def pods_of(gpus: int, count: int) -> list[Pod]:
+    return [
+        Pod(name=f"p-{i}", group="g", job="j", task="worker", index=i, node=None,
+            phase="Pending", terminating=False, gpus=Fraction(gpus), requests={})
+        for i in range(count)
+    ]  # fmt: skip
+
+
+PLACE = {
+    # Spread: most free first, ties to the first name: pod i on node i % 4 (README: 6 per node).
+    "spread-round-robin": (NodeOrder.SPREAD, pods_of(1, 6), [8, 8, 8, 8], ["a", "b", "c", "d"] * 2),
+    "spread-avoids-the-busy-node": (NodeOrder.SPREAD, pods_of(1, 2), [2, 8, 8, 8], ["b", "c"]),
+    # Binpack: the fullest node that fits first.
+    "binpack-fills-the-fullest": (NodeOrder.BINPACK, pods_of(1, 3), [8, 2, 8, 8], ["b", "b", "a"]),
+    "binpack-skips-a-node-too-full": (NodeOrder.BINPACK, pods_of(8, 2), [8, 4, 8, 0], ["a", "c"]),
+    # All or nothing: the third pod of a gang has nowhere to go.
+    "a-gang-that-does-not-fit": (NodeOrder.SPREAD, pods_of(8, 3), [8, 8, 7, 7], None),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("order", "pods", "free", "nodes"), PLACE.values(), ids=PLACE.keys())
+def test_place(order, pods, free, nodes):
+    free_by_node = {name: Fraction(f) for name, f in zip("abcd", free, strict=True)}
+    plan = place(pods, free_by_node, order=order)
+    if nodes is None:
+        assert plan is None
+    else:
+        assert [node for _, node in plan] == nodes[: len(pods)]
+    assert free_by_node == {name: Fraction(f) for name, f in zip("abcd", free, strict=True)}
 
 
 # --- on the real apiserver ------------------------------------------------------------------
