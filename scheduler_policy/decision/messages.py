@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from scheduler_policy.decision.budget import QueueBudget
+from scheduler_policy.decision.placement import GangFit
 from scheduler_policy.policy.spec import Defaults
-from scheduler_policy.vocabulary.state import JobState, QueueName, Reason
+from scheduler_policy.vocabulary.state import JobKey, JobState, PendingGang, QueueName, Reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,3 +152,77 @@ def decision_message(
 
 def _restart_cost(job: JobState, defaults: Defaults) -> float:
     return defaults.restart_cost_s if job.restart_cost_s is None else job.restart_cost_s
+
+
+def _gang(gang: PendingGang) -> str:
+    return f"pending gang {gang.key} ({gang.min_member} x {_gpus(gang.gpus_per_pod)} GPU(s))"
+
+
+@dataclass(frozen=True, slots=True)
+class GangShapeWhy:
+    """The explanation of a job shrunk further so that pending gangs fit on whole nodes
+    (``Reason.SHRINK_FOR_GANG_SHAPE``).
+
+    Attributes:
+        job: the job.
+        queue: its queue.
+        target: its new target.
+        settled: the target its queue's budget alone gave it.
+        extra_gpus: GPUs it gives up beyond that budget.
+        gangs: the gangs it shrinks for, with what each one's further shrinks cost in all.
+    """
+
+    job: JobKey
+    queue: QueueName
+    target: int
+    settled: int
+    extra_gpus: float
+    gangs: tuple[GangFit, ...]
+
+    def render(self) -> str:
+        """See base class (``Explanation``)."""
+        return gang_shape_message(self)
+
+
+def gang_shape_message(why: GangShapeWhy) -> str:
+    """One sentence saying which gangs a further shrink makes room for, on which nodes, and
+    what it costs beyond the queue's budget.
+
+    Args:
+        why: the job's explanation.
+
+    Returns:
+        The sentence.
+    """
+    gangs = []
+    for fit in why.gangs:
+        nodes = ", ".join(fit.freed_nodes) or "its nodes"
+        alone = fit.shrunk == (why.job,)
+        total = (
+            "" if alone else f"; its further shrinks give up {_gpus(fit.extra_gpus)} GPU(s) in all"
+        )
+        gangs.append(f"{_gang(fit.gang)} needs whole nodes: this frees {nodes} for it{total}")
+    return (
+        f"{'; '.join(gangs)}; Volcano deletes the highest task indices first, so "
+        f"{why.target} replicas, not the {why.settled} that queue {why.queue}'s budget leaves: "
+        f"{_gpus(why.extra_gpus)} GPU(s) beyond the budget"
+    )
+
+
+def gang_fit_message(fit: GangFit) -> str:
+    """One sentence on whether a pending gang's pods fit the nodes after this round's targets.
+
+    Args:
+        fit: what the shape problem found for the gang.
+
+    Returns:
+        The sentence.
+    """
+    if not fit.fits:
+        return f"{_gang(fit.gang)} cannot be placed: {fit.problem}; changing nothing for it"
+    if not fit.shrunk:
+        return f"{_gang(fit.gang)} fits on {', '.join(fit.nodes) or 'no node'} as planned"
+    return (
+        f"{_gang(fit.gang)} fits on {', '.join(fit.nodes)} once {', '.join(fit.shrunk)} "
+        f"shrink further, {_gpus(fit.extra_gpus)} GPU(s) beyond the budgets"
+    )

@@ -7,7 +7,8 @@ The phases, each one call returning a small value:
 3. budgets (``plan_budgets``) → ``Budgets``
 4. allocate (``allocate``) → ``Allocation``
 5. stabilize (``_damp``, the damping chain of ``stabilize``) → ``Stabilized``
-6. changes (``_decisions_and_changes``) → the decisions and the writes
+6. placement (``reshape``, only while a gang waits and placement is known) → ``Reshaped``
+7. changes (``_decisions_and_changes``) → the decisions and the writes
 
 Allocate and stabilize repeat under one fixed-point rule (``settle``). Pure: ``now`` is the
 observation's time.
@@ -25,7 +26,9 @@ import numpy as np
 from scheduler_policy.decision.allocate import Allocation, allocate
 from scheduler_policy.decision.budget import Budgets, QueueBudget, plan_budgets
 from scheduler_policy.decision.job_table import BoolArray, JobTable
-from scheduler_policy.decision.messages import DecisionBatch, DecisionContext
+from scheduler_policy.decision.messages import DecisionBatch, DecisionContext, gang_fit_message
+from scheduler_policy.decision.placement import GangFit
+from scheduler_policy.decision.reshape import Reshaped, reshape
 from scheduler_policy.decision.stabilize import Stabilized, stabilize
 from scheduler_policy.decision.triage import stale_hold_message, triage
 from scheduler_policy.models.cache import Fits
@@ -60,6 +63,9 @@ class Plan:
             was planned for.
         budgets: each managed queue's budget as the decisions used it (the last pass's).
         forecast_gpus: each managed queue's forecast peak non-elastic demand, GPUs.
+        gangs: per pending gang, oldest first, whether its pods fit the nodes after the
+            targets and what that took (``gang_fit_message`` says it); empty when placement
+            is unknown or no gang waits.
     """
 
     decisions: tuple[ScalingDecision, ...]
@@ -67,6 +73,7 @@ class Plan:
     passes: int = 0
     budgets: Mapping[QueueName, QueueBudget] = field(default_factory=dict)
     forecast_gpus: Mapping[QueueName, float] = field(default_factory=dict)
+    gangs: tuple[GangFit, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +119,19 @@ def decide(observation: Observation, policy: ElasticPolicy, *, fits: Fits) -> Pl
         else None
     )
     settled = settle(table, budgets, policy=policy, now_s=observation.time_s, stale=stale_rows)
-    decisions, changes = _decisions_and_changes(table, settled, policy=policy)
+    reshaped = None
+    if observation.pending_gangs:  # the one check a round without pending gangs pays
+        reshaped = reshape(
+            observation,
+            table,
+            settled.stabilized,
+            floor=budgets.floor,
+            stale=stale_rows,
+            policy=policy,
+        )
+        if reshaped is not None:
+            _log_gangs(reshaped.gangs)
+    decisions, changes = _decisions_and_changes(table, settled, policy=policy, reshaped=reshaped)
     if stale:
         _hold_stale(table, stale, decisions, changes)
     decisions = sorted([*decisions, *held, *unfitted], key=lambda d: d.job)
@@ -123,7 +142,16 @@ def decide(observation: Observation, policy: ElasticPolicy, *, fits: Fits) -> Pl
         passes=passes,
         budgets=dict(settled.budgets.queues),
         forecast_gpus=dict(fits.forecast_gpus),
+        gangs=reshaped.gangs if reshaped is not None else (),
     )
+
+
+def _log_gangs(gangs: Sequence[GangFit]) -> None:
+    """One line per pending gang that needed a further shrink or cannot be placed."""
+    if logger.isEnabledFor(logging.INFO):
+        for fit in gangs:
+            if fit.shrunk or not fit.fits:
+                logger.info("gang %s: %s", fit.gang.key, gang_fit_message(fit))
 
 
 def _with_curves(
@@ -254,15 +282,23 @@ def _damp(
 
 
 def _decisions_and_changes(
-    table: JobTable, settled: Settled, *, policy: ElasticPolicy
+    table: JobTable,
+    settled: Settled,
+    *,
+    policy: ElasticPolicy,
+    reshaped: Reshaped | None = None,
 ) -> tuple[list[ScalingDecision], list[ReplicaChange]]:
     """The changes phase: a decision per planned job, and a write where anything changed."""
-    allocation, result = settled.allocation, settled.stabilized
+    allocation = settled.allocation
+    result = settled.stabilized if reshaped is None else reshaped.stabilized
     spec, held = table.current, table.held
     targets = result.targets.tolist()
     reasons = [by or own for by, own in zip(result.held_by, allocation.reasons, strict=True)]
     for i in np.flatnonzero((result.targets < spec) & (result.targets >= held)).tolist():
         reasons[i] = Reason.WITHDRAW_UNPLACED
+    shaped = reshaped.explanations if reshaped is not None else {}
+    for i in shaped:
+        reasons[i] = Reason.SHRINK_FOR_GANG_SHAPE
     batch = DecisionBatch(
         reasons=reasons,
         jobs=table.jobs,
@@ -278,6 +314,8 @@ def _decisions_and_changes(
         ScalingDecision(job.key, job.current_replicas, target, reason, DecisionContext(batch, i))
         for i, (job, target, reason) in enumerate(zip(table.jobs, targets, reasons, strict=True))
     ]
+    for i, why in shaped.items():
+        decisions[i] = decisions[i]._replace(why=why)
     written = np.flatnonzero(result.memory_changed | (result.targets != spec)).tolist()
     changes = [
         ReplicaChange(

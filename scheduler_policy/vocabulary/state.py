@@ -307,6 +307,7 @@ class Reason(str, enum.Enum):
 
     SCALE_UP_FOR_IDLE_GPUS = "ScaleUpForIdleGpus"
     SHRINK_FOR_PENDING_WORK = "ShrinkForPendingWork"
+    SHRINK_FOR_GANG_SHAPE = "ShrinkForGangShape"
     SHRINK_FOR_HEADROOM = "ShrinkForHeadroom"
     SHRINK_OVER_BUDGET = "ShrinkOverBudget"
     SHRINK_LOW_EFFICIENCY = "ShrinkLowEfficiency"
