@@ -399,21 +399,6 @@ def test_a_concurrent_writer_makes_the_patch_fail_its_test_and_the_client_retrie
 # --- 5 ----------------------------------------------------------------------------------------
 
 
-def _placement_in_decide() -> bool:
-    try:
-        import scheduler_policy.decision.placement  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.xfail(
-    not _placement_in_decide(),
-    raises=AssertionError,
-    strict=True,
-    reason="needs placement-aware shrink in decide (scheduler_policy.decision.placement, "
-    "h/placement): a budget shrink of 24 spread pods to 8 leaves 2 on every node",
-)
 def test_spread_pods_are_shrunk_so_that_the_gang_gets_whole_nodes(sandbox):
     # README, "Placement": 24 one-GPU pods spread 6 per node; shrunk to 8 by count, 2 stay on
     # every node, no node has 8 free and the 3 × 8 gang never runs.
@@ -431,7 +416,12 @@ def test_spread_pods_are_shrunk_so_that_the_gang_gets_whole_nodes(sandbox):
 
     assert [(g.min_member, g.gpus) for g in first.observation.pending_gangs] == [(3, 24.0)]
     (shrink,) = [c for c in first.applied if c.job.endswith("/elastic")]
-    assert shrink.to_replicas < shrink.from_replicas == 24
+    # Highest indices go first and pod i is on node i % 4: only a shrink to 1 frees 3 nodes.
+    assert (shrink.from_replicas, shrink.to_replicas) == (24, 1)
+    assert shrink.reason is Reason.SHRINK_FOR_GANG_SHAPE
+    gang_key = first.observation.pending_gangs[0].key
+    assert f"pending gang {gang_key}" in shrink.message
+    assert ", ".join(sandbox.nodes[1:]) in shrink.message  # the nodes it frees, named
     world.standin.run_until(
         lambda: sandbox.running("elastic") == shrink.to_replicas,
         timeout_s=90.0,
