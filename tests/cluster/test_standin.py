@@ -336,3 +336,17 @@ def test_pods_beyond_min_member_are_placed_one_by_one_while_gpus_are_free(sandbo
     assert sorted(i for i, p in pods.items() if p["spec"].get("nodeName")) == list(range(8))
     assert sorted(i for i, p in pods.items() if not p["spec"].get("nodeName")) == [8, 9]
     assert sandbox.podgroup_phase("elastic") == "Running"
+
+
+def test_a_job_it_cannot_read_is_skipped_with_its_name_and_the_others_proceed(sandbox):
+    sandbox.add_nodes(1)
+    queue = sandbox.add_queue("research", weight=1)
+    bad = job_manifest("bad", queue=queue, replicas=2, min_available=1)
+    del bad["spec"]["minAvailable"]  # the API takes it; the stand-in needs it for minMember
+    sandbox.create_job(bad)
+    sandbox.create_job(job_manifest("good", queue=queue, replicas=2, min_available=1))
+    standin = sandbox.standin()
+    report = standin.step()
+    assert report.problems == (("bad", f"job {sandbox.namespace}/bad: spec.minAvailable: not set"),)
+    standin.run_until(lambda: sandbox.running("good") == 2, timeout_s=60, what="good Running")
+    assert sandbox.all_pods("bad") == []
