@@ -469,8 +469,10 @@ class StandInVolcano:
                 conditions[name] = SCHEDULED
                 continue
             unbound = [p for p in members if not p.node]
+            if len(unbound) + bound < min_member:
+                continue  # the controller has not made its pods yet (it does on its next sync)
             plan = place(unbound[: min_member - bound], free, order=self.node_order)
-            if len(unbound) + bound < min_member or plan is None:
+            if plan is None:
                 conditions[name] = {
                     "type": "Unschedulable",
                     "reason": "NotEnoughResources",
@@ -493,8 +495,9 @@ class StandInVolcano:
             name = group["metadata"]["name"]
             if phases[name] != "Running":
                 continue
+            placed = {p for p, _ in report.bound}
             for pod in by_group[name]:
-                if pod.node or pod.terminating or any(p == pod.name for p, _ in report.bound):
+                if pod.node or pod.terminating or pod.name in placed:
                     continue
                 plan = place([pod], free, order=self.node_order)
                 if plan is not None:
