@@ -9,6 +9,7 @@ Each test has its own namespace, queue and node; the client is scoped to them (`
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import threading
 import time
@@ -24,6 +25,7 @@ from scheduler_policy.adapters.volcano import (
     NotElastic,
     PatchRefused,
     VolcanoClient,
+    from_kubeconfig,
 )
 from scheduler_policy.vocabulary.errors import ConflictError
 from scheduler_policy.vocabulary.protocols import ReplicaChange
@@ -467,3 +469,33 @@ def test_the_documented_rbac_is_all_the_client_needs(world, control_plane):
     allowed = {(resource, verb) for rule in RULES for resource in rule["resources"]
                for verb in rule["verbs"]}  # fmt: skip
     assert {(r.resource, r.verb) for r in mine} <= allowed
+
+
+class Unrenderable:
+    """An explanation whose sentence fails to render."""
+
+    def render(self) -> str:
+        raise RuntimeError("the template is broken")
+
+    def __str__(self) -> str:
+        return "an unrenderable explanation"
+
+
+def test_an_explanation_that_fails_to_render_never_fails_the_write(world, started, caplog):
+    world.job("a", replicas=2)
+    wait_for("the job", lambda: len(started.list_jobs()) == 1)
+    change = dataclasses.replace(world.change("a", frm=2, to=3), why=Unrenderable())
+    with caplog.at_level(logging.WARNING):
+        started.apply(change)
+    assert started.flush_events(WAIT_S)
+    assert world.get("a")["spec"]["tasks"][0]["replicas"] == 3
+    assert "the template is broken" in caplog.text
+    (event,) = world.core.list_namespaced_event(world.ns).items
+    assert event.message == "an unrenderable explanation"
+
+
+def test_a_client_from_the_planes_kubeconfig_reads_the_cluster(world, control_plane):
+    world.job("a")
+    client = VolcanoClient(from_kubeconfig(str(control_plane.kubeconfig_path)),
+                           namespace=world.ns, watch=False)  # fmt: skip
+    assert [j.key for j in client.list_jobs()] == [f"{world.ns}/a"]

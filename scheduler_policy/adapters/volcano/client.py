@@ -106,8 +106,10 @@ def _log_problem(problem: ReadProblem | UnreadJob) -> None:
 class VolcanoClient:
     """Volcano's Jobs, Queues and PodGroups, and the pods and nodes under them, for the engine.
 
-    Reads come from watches (``start``, then ``wait_synced``) or, with ``watch=False``, from a
-    list at each call. See the package docstring for the RBAC it needs.
+    Reads come from watches (``start``, then ``wait_synced``; until then every ``list_*``
+    raises ``TemporaryError`` rather than answer from an empty cache) or, with
+    ``watch=False``, from a list at each call. A write puts the Job it returns into the cache,
+    so the next ``list_jobs`` reads it. See the package docstring for the RBAC it needs.
 
     Args:
         api_client: a ``kubernetes.client.ApiClient`` (``from_kubeconfig``).
@@ -122,6 +124,9 @@ class VolcanoClient:
         max_conflict_retries: times a write is rebuilt and sent again after the Job changed
             under it (while it still has the replicas the change was made from).
         watch_timeout_s: how long the server keeps one watch open before it is renewed.
+
+    Raises:
+        ValueError: ``max_conflict_retries`` is negative.
     """
 
     def __init__(

@@ -140,7 +140,7 @@ class Informer(Generic[T]):
         uid = _uid(obj)
         version = _metadata(obj).get("resourceVersion")
         version = version if isinstance(version, str) else None
-        after = None if kind == "DELETED" else self._read(obj)
+        after = None if kind == "DELETED" else self._safe_read(obj)
         with self._lock:
             held = self._items.get(uid)
             if held is not None and not newer(version, held[0]):
@@ -154,6 +154,17 @@ class Informer(Generic[T]):
                 if self._key is not None:
                     self._by_key[self._key(after)] = uid
         self._notify(None if held is None else held[1], after)
+
+    def _safe_read(self, obj: Mapping[str, Any]) -> T | None:
+        """The reader's view of ``obj``; None, logged, if the reader fails on it (a bug: the
+        readers turn bad objects into problems), so that one object never stops the watch."""
+        try:
+            return self._read(obj)
+        except Exception:
+            metadata = _metadata(obj)
+            logger.exception("%s %s/%s: skipped: reading it failed", self.kind,
+                             metadata.get("namespace"), metadata.get("name"))  # fmt: skip
+            return None
 
     def _notify(self, before: T | None, after: T | None) -> None:
         if self._on_event is None or (before is None and after is None):
@@ -185,7 +196,7 @@ class Informer(Generic[T]):
             for obj in page.get("items") or ():
                 if not isinstance(obj, Mapping):
                     continue
-                read = self._read(obj)
+                read = self._safe_read(obj)
                 if read is not None:
                     rv = _metadata(obj).get("resourceVersion")
                     objects[_uid(obj)] = (rv if isinstance(rv, str) else None, read)
@@ -253,6 +264,8 @@ class Informer(Generic[T]):
                 self._watch_once()
                 backoff_s = 0.0
             except ApiException as e:
+                if self._stopping.is_set():
+                    break
                 if e.status == HTTP_GONE:
                     logger.info("%s watch: version expired, listing again", self.kind)
                     must_list = True

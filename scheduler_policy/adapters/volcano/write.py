@@ -242,7 +242,12 @@ class JobWriter:
         if self._recorder is None or change.to_replicas == change.from_replicas:
             return
         namespace, name = split_key(change.job)
+        try:
+            message = change.message
+        except Exception as e:  # the write has succeeded: a bad explanation must not fail it
+            message = str(change.why)
+            logger.warning("Job %s: the change's explanation failed to render: %s", change.job, e)
         self._recorder.record(
             JobEvent(namespace=namespace, name=name, uid=job.uid, reason=_reason(change),
-                     message=change.message, time_s=time.time())
+                     message=message, time_s=time.time())
         )  # fmt: skip

@@ -184,3 +184,23 @@ def test_stop_ends_the_thread_within_its_bound():
     began = time.monotonic()
     assert made.stop(2.0) and not made.running
     assert time.monotonic() - began < 2.0
+
+
+def test_a_reader_that_fails_on_one_object_skips_it_and_keeps_the_rest(caplog):
+    def fragile(item: dict[str, Any]) -> str | None:
+        if item["metadata"]["name"] == "poison":
+            raise KeyError("spec")
+        return names(item)
+
+    api = ScriptedApi(pages=[[[obj("a", "1"), obj("poison", "2")]]],
+                      watches=[[{"type": "ADDED", "object": obj("poison", "3")},
+                                {"type": "ADDED", "object": obj("b", "4")}]])  # fmt: skip
+    made: Informer[str] = Informer(kind="Thing", call=api, args=(), read=fragile,
+                                   counter=RequestCounter(), backoff_max_s=0.2)  # fmt: skip
+    made.start()
+    try:
+        wait_for("the watch", lambda: sorted(made.items()) == ["a", "b"])
+        assert "Thing ns/poison: skipped" in caplog.text
+        assert len(api.list_calls) == 1  # the watch went on; nothing was listed again
+    finally:
+        assert made.stop(2.0)
