@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler_policy.decision.gang_placement import place_gangs
-from scheduler_policy.decision.messages import gang_fit_message
+from scheduler_policy.decision.messages import GangShapeWhy, gang_fit_message
 from scheduler_policy.decision.pipeline import decide
 from scheduler_policy.decision.placement import ShapeJob, plan_gang_shape
 from scheduler_policy.engine.reconcile import reconcile
@@ -658,3 +658,18 @@ def test_placement_only_lowers_settled_targets_and_keeps_the_minimums(observatio
             for d in with_gangs.decisions]  # fmt: skip
     free = free_by_rule(observation.nodes, kept)
     assert [fit.fits for fit in with_gangs.gangs] == _spread(free, observation.pending_gangs)
+
+
+def test_a_job_sharing_the_gangs_shrink_says_what_the_gang_costs_in_all():
+    a = shape_job("a", on("n1", 0, 1, 2, 3, 4, 5) + on("n0", 6, 7), target=8, floor=0)
+    b = shape_job("b", on("n1", 0, 1) + on("n0", 2, 3, 4, 5, 6, 7), target=8, floor=0)
+    plan = plan_gang_shape(nodes=nodes_holding(a.pods, b.pods, count=2), jobs=[a, b],
+                           gangs=[gang(pods=1)])  # fmt: skip
+    why = GangShapeWhy(job=a.key, queue=QueueName("research"), target=plan.targets[a.key],
+                       settled=8, extra_gpus=plan.extra_gpus[a.key], gangs=plan.gangs)  # fmt: skip
+    assert why.render() == (
+        "pending gang prod/g (1 x 8 GPU(s)) needs whole nodes: this frees n0 for it; its "
+        "further shrinks give up 8 GPU(s) in all; Volcano deletes the highest task indices "
+        "first, so 6 replicas, not the 8 that queue research's budget leaves: 2 GPU(s) beyond "
+        "the budget"
+    )
