@@ -4,7 +4,8 @@ And ``tide engine`` as a process: SIGTERM exits 0 and releases the Lease. Waits 
 
 No Volcano controller runs: the test sets the Job's status and creates its pods as the
 controller would. The metrics come from an in-memory source (throughput measured at 1, 2 and
-4 replicas, and idle GPUs), so the decisions depend on the cluster the engines read only.
+4 replicas); the idle GPUs are the node's, as the engine reads them from the API (its 8 GPUs
+less the pods bound there: another tenant's pod sets how many are idle).
 """
 
 from __future__ import annotations
@@ -63,15 +64,14 @@ def scrape(port: int) -> dict[str, float]:
 
 
 class Metrics:
-    """Throughput of the job at 1, 2 and 4 replicas, and the idle GPUs the test sets."""
+    """Throughput of the job at 1, 2 and 4 replicas (the free GPUs come from the nodes)."""
 
-    def __init__(self, job: JobKey, free_gpus: float) -> None:
+    def __init__(self, job: JobKey) -> None:
         self.job = job
-        self.free_gpus = free_gpus
 
     def sample(self, *, now_s: float) -> MetricsSample:
         return MetricsSample(
-            fresh=True, cluster_free_gpus=self.free_gpus,
+            fresh=True, cluster_free_gpus=float("nan"),
             job_throughput={self.job: usl_points(1, 2, 4)},
         )  # fmt: skip
 
@@ -173,8 +173,9 @@ def test_only_the_leader_writes_and_the_next_leader_honours_its_cooldown(
     world.running("a")
     for index in range(2):
         world.pod("a", index, node=world.node)
+    other = world.pod("other", 0, node=world.node, gpus=4)  # leaves 2 of the 8 GPUs idle
     key = JobKey(f"{world.ns}/a")
-    metrics = Metrics(key, free_gpus=2)
+    metrics = Metrics(key)
     first = engines("engine-1", metrics)
     wait_for("engine-1 to lead", lambda: first.metric("tide_leader") == 1)
     second = engines("engine-2", metrics)
@@ -190,7 +191,7 @@ def test_only_the_leader_writes_and_the_next_leader_honours_its_cooldown(
     assert second.metric('tide_replica_writes_total{outcome="applied"}') == 0
     assert second.service.last_round is not None and not second.service.last_round.wrote
     # Four more idle GPUs: without the cooldown, the job would grow to 8.
-    metrics.free_gpus = 4
+    world.core.delete_namespaced_pod(other, world.ns, grace_period_seconds=0)
     first.stop.set()
     first.thread.join(WAIT_S)
     assert not first.thread.is_alive()
