@@ -4,15 +4,16 @@
 the GPUs used on each node as digits (``"22"`` = 2 nodes x 2 GPUs), ``step_time`` the seconds of one
 iteration at that per-GPU batch. ``scalability.csv`` has ``num_nodes,num_replicas,local_bsz,
 step_time,sync_time`` for larger sizes. ``validation-<batch>.csv`` has one row per epoch with the
-cumulative ``iteration`` count at that global batch.
+cumulative ``progress`` and ``iteration`` at that global batch and its ``grad_sqr``, ``grad_var``.
 
 A job of application A with global batch B on n replicas runs at the rate Pollux's own simulator
 gives it (``simulations.pollux_model``: its packed placement named as placements.csv names it,
 gradient accumulation past the largest local batch with the synchronisation paid once per
-optimizer step, yolov3's local batch capped at 8). Its work is the cumulative iterations after its
+optimizer step, yolov3's local batch capped at 8). Its work is the optimizer steps of its
 application's epochs (bert 2, cifar10 100, ncf 10, imagenet 90, deepspeech2 80, yolov3 50; Pollux's
-``applications.py`` lines 232-237) at batch B. ncf runs on one replica at batch 32768, as Pollux
-runs it (``simulator.py`` lines 191-192, 332-333, 350-351).
+``applications.py`` lines 232-237) at batch B, counted as Pollux counts them: the statistical
+progress every validated batch reached by then, divided by batch B's gain per step. ncf runs on
+one replica at batch 32768, as Pollux runs it (``simulator.py`` lines 191-192, 332-333, 350-351).
 """
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ from pathlib import Path
 
 from scheduler_policy.vocabulary.state import JobKey
 from simulations.errors import TraceError
-from simulations.pollux_model import PINNED_APPLICATIONS, application_table, iteration_rate_per_s
+from simulations.pollux_model import (
+    PINNED_APPLICATIONS,
+    application_table,
+    iteration_rate_per_s,
+    training_iterations,
+)
 from simulations.profiles import ScalingProfile
 from simulations.traces import bad_rows_error, column_float, column_int
 from simulations.workload import Workload, WorkloadJob
@@ -84,23 +90,14 @@ def rates_fallback(rates: list[float], n: int) -> float:
     raise ValueError(f"no measurement covers {n} replica(s)")
 
 
-@functools.lru_cache(maxsize=64)
 def total_iterations(traces_dir: Path, app: str, batch_size: int) -> float:
-    """Iterations to train ``app`` for its epochs at ``batch_size`` (from validation-<batch>.csv).
+    """Optimizer steps to train ``app`` for its epochs at ``batch_size``, as Pollux counts them
+    (``simulations.pollux_model.training_iterations``).
 
     Raises:
-        TraceError: the file is missing or short of rows.
+        TraceError: a validation file is missing, short of rows or lacks a column.
     """
-    path = traces_dir / app / f"validation-{batch_size}.csv"
-    rows = _rows(path)
-    epochs = EPOCHS[app]
-    if not rows:
-        raise TraceError(path, 1, "no rows")
-    row = rows[min(epochs, len(rows)) - 1]
-    try:
-        return float(row["iteration"])
-    except (KeyError, ValueError) as e:
-        raise TraceError(path, min(epochs, len(rows)) + 1, f"bad iteration: {e}") from e
+    return training_iterations(traces_dir, app, batch_size, EPOCHS[app])
 
 
 def load_pollux_workload(

@@ -303,3 +303,70 @@ def iteration_rate_per_s(
     if not (math.isfinite(step) and math.isfinite(sync)):
         return math.nan
     return 1.0 / iteration_time_s(step_s=step, sync_s=sync, accum_steps=plan.accum_steps)
+
+
+def _validation_curves(traces_dir: Path, app: str) -> dict[int, list[tuple[float, float, float]]]:
+    """Each validated batch's (progress, grad_sqr, grad_var) per epoch."""
+    curves: dict[int, list[tuple[float, float, float]]] = {}
+    for path in sorted((traces_dir / app).glob("validation-*.csv")):
+        suffix = path.stem.split("-", 1)[1]
+        if not suffix.isdigit():
+            continue
+        rows: list[tuple[float, float, float]] = []
+        for i, row in enumerate(_rows(path), start=2):
+            try:
+                rows.append(
+                    (float(row["progress"]), float(row["grad_sqr"]), float(row["grad_var"]))
+                )
+            except (KeyError, ValueError) as e:
+                raise TraceError(path, i, f"bad row: {e}") from e
+        curves[int(suffix)] = rows
+    return curves
+
+
+@functools.lru_cache(maxsize=64)
+def training_iterations(traces_dir: Path, app: str, batch_size: int, epochs: int) -> float:
+    """Optimizer steps a job of ``app`` at ``batch_size`` needs for ``epochs``, as Pollux's
+    simulator counts them.
+
+    Pollux measures training in statistical progress, not iterations: epoch e ends when the
+    progress reaches the least any validated batch had made by then (``applications.py`` lines
+    132-136), and one step at batch B makes ``gain = (var + sqr) / (var / scale + sqr)`` of it,
+    ``scale = B / init_batch_size``, from B's gradient statistics in that epoch
+    (``simulator.py`` lines 117-126, 133-149). So the steps are
+    sum over epochs of (progress_e - progress_(e-1)) / gain_e.
+
+    Args:
+        traces_dir: Pollux's ``traces/`` folder.
+        app: the application.
+        batch_size: a validated global batch (a validation-<batch>.csv exists).
+        epochs: epochs to train, >= 1; at most the rows every validation file has.
+
+    Returns:
+        The steps.
+
+    Raises:
+        TraceError: the batch was not validated, a file lacks ``progress``, ``grad_sqr`` or
+            ``grad_var``, has fewer rows than ``epochs``, or a gain is not positive.
+    """
+    base = traces_dir / app
+    curves = _validation_curves(traces_dir, app)
+    own = curves.get(batch_size)
+    if own is None:
+        raise TraceError(base / f"validation-{batch_size}.csv", 0, "no such validated batch")
+    for batch, rows in curves.items():
+        if len(rows) < epochs:
+            raise TraceError(
+                base / f"validation-{batch}.csv", len(rows) + 1, f"fewer than {epochs} epochs"
+            )
+    scale = batch_size / min(curves)
+    steps, done = 0.0, 0.0
+    for e in range(epochs):
+        target = min(rows[e][0] for rows in curves.values())
+        _, sqr, var = own[e]
+        gain = (var + sqr) / (var / scale + sqr)
+        if not (math.isfinite(gain) and gain > 0):
+            raise TraceError(base / f"validation-{batch_size}.csv", e + 2, f"gain {gain}")
+        steps += (target - done) / gain
+        done = target
+    return steps

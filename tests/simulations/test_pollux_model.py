@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from simulations.errors import TraceError
 from simulations.pollux import application_profile, load_pollux_workload
 from simulations.pollux_model import (
     StepPlan,
@@ -16,6 +17,7 @@ from simulations.pollux_model import (
     packed_placement,
     placement_id,
     step_plan,
+    training_iterations,
 )
 
 SHARED_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces"
@@ -43,9 +45,9 @@ def write_app(
     base.mkdir(parents=True)
     (base / "placements.csv").write_text(TOY_PLACEMENTS)
     (base / "scalability.csv").write_text(TOY_SCALABILITY)
-    for b in batches:
-        rows = "".join(f"{e},{100 * (e + 1)}\n" for e in range(epochs))
-        (base / f"validation-{b}.csv").write_text("epoch,iteration\n" + rows)
+    for b in batches:  # gain 1 (no gradient noise): the work is the progress
+        rows = "".join(f"{100 * (e + 1)},{100 * (e + 1)},1,0\n" for e in range(epochs))
+        (base / f"validation-{b}.csv").write_text("progress,iteration,grad_sqr,grad_var\n" + rows)
 
 
 @pytest.mark.parametrize(
@@ -165,7 +167,25 @@ def test_ncf_is_pinned_to_one_replica_at_batch_32768(tmp_path: Path) -> None:
     (job,) = load_pollux_workload(workload, traces_dir=traces).jobs
     assert (job.min_replicas, job.max_replicas, job.requested_replicas) == (1, 1, 1)
     assert job.profile.samples_per_unit == 32768
-    assert job.work_units == 1000  # validation-32768.csv after 10 epochs
+    assert job.work_units == 1000  # 10 epochs of 100 progress, gain 1
+
+
+def test_work_is_pollux_progress_over_the_gain(tmp_path: Path) -> None:
+    base = tmp_path / "toy"
+    base.mkdir()
+    head = "progress,iteration,grad_sqr,grad_var\n"
+    (base / "validation-8.csv").write_text(head + "100,100,1,4\n200,200,1,4\n")
+    # Batch 40 made less progress by epoch 1 (90): epoch 1 ends there; by epoch 2, batch 8 made
+    # less (200). At batch 40 (scale 5) with sqr 1, var 4 a step gains (4+1)/(4/5+1) = 25/9:
+    # (90 + 110) x 9/25 = 72 steps (its own file says 130).
+    (base / "validation-40.csv").write_text(head + "90,60,1,4\n210,130,1,4\n")
+    assert training_iterations(tmp_path, "toy", 40, 2) == pytest.approx(72.0)
+    # At the initial batch the gain is 1: 200 steps.
+    assert training_iterations(tmp_path, "toy", 8, 2) == pytest.approx(200.0)
+    with pytest.raises(TraceError, match="fewer than 3 epochs"):
+        training_iterations(tmp_path, "toy", 40, 3)
+    with pytest.raises(TraceError, match="no such validated batch"):
+        training_iterations(tmp_path, "toy", 16, 2)
 
 
 @needs_pollux
