@@ -33,6 +33,7 @@ from tide.sim_options import (
     NodeOrderOpt,
     OutageOpt,
     OutOpt,
+    ProfilesOpt,
     QuietOpt,
     SeedOpt,
     SeedsOpt,
@@ -65,6 +66,7 @@ def _seeded_setup(
     options: Callable[[int], RunOptions],
     start_h: float = 0.0,
     end_h: float | None = None,
+    profiles: Path | None = None,
 ) -> tuple[list[Seeded], ClusterSpec]:
     """The cluster (with ``--node-order``), and each seed's workload and run options
     (``seed_options``)."""
@@ -83,6 +85,7 @@ def _seeded_setup(
         options=options,
         start_h=start_h,
         end_h=end_h,
+        profiles=profiles,
     )
     return seeded, cluster
 
@@ -125,6 +128,7 @@ def register(app: typer.Typer) -> None:
         trace: TraceOpt = None,
         fmt: FormatOpt = "auto",
         member: MemberOpt = "cluster04.csv",
+        profiles: ProfilesOpt = None,
         cluster_file: ClusterOpt = None,
         node_order: NodeOrderOpt = None,
         policy_file: Annotated[
@@ -175,6 +179,7 @@ def register(app: typer.Typer) -> None:
                 skip_bad_rows=skip_bad_rows,
                 start_h=start_h,
                 end_h=end_h,
+                profiles=profiles,
                 options=seed_options(
                     horizon_h=horizon_h, mtbf_h=node_mtbf_h, outage_h=outage_h, quiet_s=quiet_s
                 ),
@@ -203,6 +208,7 @@ def register(app: typer.Typer) -> None:
         trace: TraceOpt = None,
         fmt: FormatOpt = "auto",
         member: MemberOpt = "cluster04.csv",
+        profiles: ProfilesOpt = None,
         cluster_file: ClusterOpt = None,
         node_order: NodeOrderOpt = None,
         seed: SeedOpt = 0,
@@ -236,6 +242,7 @@ def register(app: typer.Typer) -> None:
                 skip_bad_rows=skip_bad_rows,
                 start_h=start_h,
                 end_h=end_h,
+                profiles=profiles,
                 options=seed_options(
                     horizon_h=horizon_h, mtbf_h=node_mtbf_h, outage_h=outage_h, quiet_s=quiet_s
                 ),
