@@ -13,16 +13,21 @@ refit (``ScalingModel.from_points`` on a 24-point history at three sizes), what 
 per job with new measurements.
 
     python benchmarks/engine_latency.py --json benchmarks/out/engine_latency.json
+
+``--profile`` also prints the top of a cProfile of ``decide`` at the largest size (its own runs,
+after the timed ones; the figures above are not profiled).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import gc
 import json
 import os
 import platform
+import pstats
 import statistics
 import time
 from pathlib import Path
@@ -207,12 +212,29 @@ def measure(jobs: int, queues: int, runs: int, *, gc_freeze: bool) -> dict[str, 
     }
 
 
+def profile(jobs: int, queues: int, runs: int, *, top: int = 25) -> None:
+    """Print the functions ``decide`` spends the most time in, over ``runs`` runs."""
+    observation, policy = synthetic(jobs, queues, seed=jobs)
+    fits = ModelCache(refit_s=3600.0).fit(observation, policy)
+    decide(observation, policy, fits=fits)  # warm
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(runs):
+        decide(observation, policy, fits=fits)
+    profiler.disable()
+    print(f"cProfile of decide at {jobs} jobs, {runs} runs (by own time)")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100,1000,10000", help="job counts, comma-separated")
     parser.add_argument("--queues", type=int, default=100)
     parser.add_argument("--runs", type=int, default=30, help="timed runs per size (>= 20)")
     parser.add_argument("--json", type=Path, help="write the records here")
+    parser.add_argument(
+        "--profile", action="store_true", help="also print a cProfile of decide at the largest size"
+    )
     args = parser.parse_args()
     records: list[dict[str, object]] = []
     results = {}
@@ -279,6 +301,8 @@ def main() -> None:
                 "queues": args.queues,
             }
         )
+    if args.profile:
+        profile(max(sizes), args.queues, args.runs)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(records, indent=2) + "\n")

@@ -36,6 +36,7 @@ import numpy.typing as npt
 
 from scheduler_policy.decision.budget import QueueBudget
 from scheduler_policy.decision.job_table import JobTable
+from scheduler_policy.decision.ranking import best_first, by_group_best_first
 from scheduler_policy.decision.trade import grow_after_trade, ranked_prefix, trade
 from scheduler_policy.models.scaling import usl_throughput
 from scheduler_policy.policy.spec import Defaults, Objective
@@ -186,7 +187,7 @@ def allocate(
     # Sort by (queue, growth, -value), ties in (job, k) order. Replicas a job must keep come
     # first among the running ones.
     rank_value = np.where(item_must, np.inf, item_value)
-    order = np.lexsort((-rank_value, growth, item_queue))
+    order = by_group_best_first(item_queue * 2 + growth, rank_value)
     rows, item_gpus, item_value = rows[order], item_gpus[order], item_value[order]
     growth, item_queue, asked = growth[order], item_queue[order], asked[order]
     item_must = item_must[order]
@@ -234,7 +235,7 @@ def allocate(
     for tier in (asked, ~asked):
         grow = np.flatnonzero(accepted & growth & tier)
         if len(grow):
-            g_order = grow[np.argsort(-item_value[grow], kind="stable")]
+            g_order = grow[best_first(item_value[grow])]
             spent = np.cumsum(item_gpus[g_order])
             fits = spent <= pool + GPU_EPSILON
             accepted[g_order[~fits]] = False

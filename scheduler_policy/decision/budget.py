@@ -141,9 +141,11 @@ def _tally(
     elastic_used = per_queue(table.held * table.gpus_per_replica)
     elastic_min = per_queue(table.min_replicas * table.gpus_per_replica)
     # Everything else that runs is non-elastic work (held elastic jobs included).
-    planned = {job.key for job in table.jobs}
+    planned = set(table.keys)
     for job in observation.jobs:
-        if job.phase in _GONE or job.phase is JobPhase.PENDING or job.key in planned:
+        # The planned jobs, most of them, are skipped first, by key: hashing a JobPhase for
+        # ``_GONE`` is a Python-level call.
+        if job.key in planned or job.phase in _GONE or job.phase is JobPhase.PENDING:
             continue
         if job.current_replicas <= 0 and job.nonelastic_gpus <= 0:
             continue

@@ -10,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_policy.models.curve import JobCurve
-from scheduler_policy.vocabulary.state import JobState, QueueName
+from scheduler_policy.vocabulary.state import JobKey, JobState, QueueName
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -29,6 +29,7 @@ class JobTable:
 
     Attributes:
         jobs: the jobs.
+        keys: each job's key.
         queue_names: the queues, sorted; ``queue_index`` points into it.
         queue_index: each job's queue.
         min_replicas: each job's minimum (never below 0).
@@ -46,6 +47,7 @@ class JobTable:
     """
 
     jobs: tuple[JobState, ...]
+    keys: tuple[JobKey, ...]
     queue_names: tuple[QueueName, ...]
     queue_index: IntArray
     min_replicas: IntArray
@@ -81,24 +83,33 @@ class JobTable:
             default_restart_cost_s: the restart cost of jobs that set none.
         """
 
+        count = len(jobs)
+
         def column(name: str, items: Sequence[object] = jobs) -> FloatArray:
             """Attribute ``name`` of every item as floats (None becomes NaN)."""
             return np.array(list(map(attrgetter(name), items)), dtype=np.float64)
 
+        def integers(name: str, items: Sequence[object] = jobs) -> IntArray:
+            """Attribute ``name`` of every item, never None, as integers."""
+            return np.fromiter(map(attrgetter(name), items), dtype=np.int64, count=count)
+
         names = tuple(sorted(queue_names))
         index = {name: i for i, name in enumerate(names)}
-        lo = np.maximum(column("min_replicas"), 0).astype(np.int64)
-        current = column("current_replicas")
-        measured = column("measured", curves).astype(bool)
+        lo = np.maximum(integers("min_replicas"), 0)
+        current = integers("current_replicas")
+        measured = np.fromiter(map(attrgetter("measured"), curves), dtype=bool, count=count)
         restart = column("restart_cost_s")
         return cls(
             jobs=tuple(jobs),
+            keys=tuple(map(attrgetter("key"), jobs)),
             queue_names=names,
-            queue_index=np.array([index[job.queue] for job in jobs], dtype=np.int64),
+            queue_index=np.fromiter(
+                map(index.__getitem__, map(attrgetter("queue"), jobs)), dtype=np.int64, count=count
+            ),
             min_replicas=lo,
-            max_replicas=np.maximum(column("max_replicas").astype(np.int64), lo),
-            current=current.astype(np.int64),
-            held=_held(current, column("scheduled_replicas")),
+            max_replicas=np.maximum(integers("max_replicas"), lo),
+            current=current,
+            held=_held(current.astype(np.float64), column("scheduled_replicas")),
             gpus_per_replica=column("gpus_per_replica"),
             nonelastic_gpus=column("nonelastic_gpus"),
             restart_cost_s=np.where(np.isnan(restart), default_restart_cost_s, restart),
@@ -108,5 +119,5 @@ class JobTable:
             sigma=column("sigma", curves),
             kappa=column("kappa", curves),
             measured=measured,
-            shaped=column("sizes", curves) >= 2,
+            shaped=integers("sizes", curves) >= 2,
         )

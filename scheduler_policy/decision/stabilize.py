@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -28,6 +29,9 @@ from scheduler_policy.vocabulary.state import JobMemory, Reason, Recommendation
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
+
+# What ``tails`` reads for a job with no recommendation (its figures then mean nothing).
+_NO_RECOMMENDATION = Recommendation(math.inf, 0)
 
 
 def within_tolerance(
@@ -129,16 +133,11 @@ class Tails(NamedTuple):
 def tails(recommendations: Sequence[tuple[Recommendation, ...]]) -> Tails:
     """The last recommendation change of every job, read once for all the steps that need it."""
     count = len(recommendations)
+    last = [recs[-1] if recs else _NO_RECOMMENDATION for recs in recommendations]
     return Tails(
         lengths=np.fromiter(map(len, recommendations), dtype=np.int64, count=count),
-        replicas=np.fromiter(
-            (recs[-1][1] if recs else 0 for recs in recommendations), dtype=np.int64, count=count
-        ),
-        since_s=np.fromiter(
-            (recs[-1][0] if recs else np.inf for recs in recommendations),
-            dtype=np.float64,
-            count=count,
-        ),
+        replicas=np.fromiter(map(itemgetter(1), last), dtype=np.int64, count=count),
+        since_s=np.fromiter(map(itemgetter(0), last), dtype=np.float64, count=count),
     )
 
 
@@ -317,7 +316,8 @@ def stabilize(
         after = step(desired)
         held_code[after != desired] = code
         desired = after
-    held_by = tuple(None if c < 0 else steps[c][0] for c in held_code.tolist())
+    by_code = (*(reason for reason, _ in steps), None)  # code -1 (no step held) reads None
+    held_by = tuple(map(by_code.__getitem__, held_code.tolist()))
     moved = desired != current
     # Within one interval of its last rescale a job cannot move (``hold_in_cooldown``), and its
     # memory stays as it is: the move changed what the allocator recommends for it (a rate

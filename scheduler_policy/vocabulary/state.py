@@ -258,6 +258,14 @@ class JobState:
 
     def spec_problems(self) -> list[str]:
         """What makes this job impossible to plan for, as sentences; empty when it is valid."""
+        if (
+            not self.read_problems
+            and 0 <= self.gpus_per_replica < math.inf  # False for NaN
+            and 0 <= self.min_replicas <= self.max_replicas
+            and self.current_replicas >= 0
+            and (self.restart_cost_s is None or self.restart_cost_s >= 0)
+        ):
+            return []  # a valid job, every check at once: triage asks this of every job
         problems = list(self.read_problems)
         if not math.isfinite(self.gpus_per_replica) or self.gpus_per_replica < 0:
             problems.append(f"gpus_per_replica must be >= 0, got {self.gpus_per_replica}")
