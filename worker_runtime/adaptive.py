@@ -256,7 +256,9 @@ class AdaptiveBatch:
         register = getattr(model, "register_comm_hook", None)
         if register is None or id(model) in self._hooked_ddp or self.world_size == 1:
             return
-        register(self.sync_timer, timed_allreduce_hook)
+        # DDP checks the hook's annotations at run time, and this module's are strings (postponed
+        # evaluation): a lambda has none to check.
+        register(self.sync_timer, lambda state, bucket: timed_allreduce_hook(state, bucket))
         self._hooked_ddp.add(id(model))
 
     def begin_step(self, *, loss_scale: float) -> None:
