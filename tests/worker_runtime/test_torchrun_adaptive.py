@@ -34,6 +34,7 @@ def rank0_steps(events: list[dict[str, Any]], world: int) -> list[dict[str, Any]
     return [e for e in events if e["event"] == "step" and e["rank"] == 0 and e["world"] == world]
 
 
+@pytest.mark.timeout(720)  # the waits below add up to 720 s on a loaded machine
 def test_two_agents_then_one_gradient_noise_batch_and_learning_rate(cluster: Cluster) -> None:
     first = cluster.start_agent(*ARGS, script=SCRIPT, env=ENV, max_restarts=3)
     second = cluster.start_agent(*ARGS, script=SCRIPT, env=ENV, max_restarts=3)
