@@ -404,7 +404,11 @@ class AdaptiveBatch:
         local_sqr, count = collectives.all_reduce_sum([mine, float(self._backwards)])
         count_i = round(count)
         scale = self.scale
-        if count_i > 1:
+        if not (math.isfinite(local_sqr) and math.isfinite(total_sqr)):
+            # An overflowed gradient (mixed precision skips such steps) would poison the
+            # averages for good: this step is left out of them.
+            logger.warning("adaptive batch: non-finite gradient norms, statistics not updated")
+        elif count_i > 1:
             est = estimate(
                 local_sqr=local_sqr / count_i, total_sqr=total_sqr, count=count_i, scale=scale
             )

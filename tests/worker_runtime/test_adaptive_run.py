@@ -233,6 +233,26 @@ def test_adaptive_sgd_lr_follows_adascale_and_every_sample_is_seen_once(tmp_path
     assert value("tide_worker_optim_step_seconds_count", shape)
 
 
+def test_the_lr_schedule_is_keyed_on_progress(tmp_path: Path) -> None:
+    def halve_after_20(progress: float) -> float:
+        return 0.5 if progress >= 20 else 1.0
+
+    run, model, optimizer, _ = make(
+        tmp_path, ADAPTIVE_ENV, rechoose_every_steps=5, lr_schedule=halve_after_20
+    )
+    records: list[tuple[float, float, float]] = []
+
+    def record(r: ElasticRun, o: torch.optim.Optimizer) -> None:
+        assert r.adaptive is not None
+        records.append((o.param_groups[0]["lr"], r.adaptive.progress, r.adaptive.last_gain))
+
+    with run:
+        train(run, model, optimizer, epochs=1, loader=adaptive_loader(run), before_step=record)
+    assert any(p >= 20 for _, p, _ in records) and any(p < 20 for _, p, _ in records)
+    for lr, progress, g in records:
+        assert lr == pytest.approx(0.01 * g * halve_after_20(progress))
+
+
 def test_adaptive_adam_lr_is_the_root_of_the_scale_and_its_state_restarts(tmp_path: Path) -> None:
     run, model, optimizer, _ = make(tmp_path, ADAPTIVE_ENV, adam=True, rechoose_every_steps=5)
     records: list[tuple[float, float, int]] = []
