@@ -46,6 +46,22 @@ def all_reduce_max(value: int) -> int:
     return int(tensor.item())
 
 
+def all_reduce_sum(values: list[float]) -> list[float]:
+    """The sums of ``values`` over all ranks (one all-reduce of ``len(values)`` doubles).
+
+    Args:
+        values: This rank's values.
+
+    Returns:
+        The sums, in the same order.
+    """
+    if not _active():
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.float64, device=_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return [float(v) for v in tensor.tolist()]
+
+
 def barrier() -> None:
     """Wait for every rank."""
     if _active():

@@ -18,6 +18,23 @@ Variables read (all optional except where torchrun always sets them):
 ``POD_NAME``
     Name of the pod, exposed through the downward API from ``metadata.name``; it labels every
     metric (``pod``).
+
+Adaptive batch (opt-in per job; see :mod:`worker_runtime.adaptive`). Each variable carries the
+value of the Volcano Job annotation of the same name (``tide.io/adaptive-batch`` is
+``TIDE_ADAPTIVE_BATCH``: ``TIDE_`` plus the name in upper case, ``-`` as ``_``), which ``tide
+validate`` checks; the job template passes them as literal values or, when the annotations are on
+the pod template too, through the downward API (``metadata.annotations['tide.io/...']``):
+
+``TIDE_ADAPTIVE_BATCH``
+    ``"true"`` opts in; unset, empty or ``"false"`` keeps the batch the script sets.
+``TIDE_INITIAL_BATCH_SIZE``
+    Global batch the learning rate was tuned for, and the smallest the run uses (required).
+``TIDE_MAX_BATCH_SIZE``
+    Largest global batch (required).
+``TIDE_LOCAL_BATCH_MIN``, ``TIDE_LOCAL_BATCH_MAX``
+    Bounds of a worker's micro batch (default 1; the maximum is required: what fits in memory).
+``TIDE_ACCUMULATION``
+    ``"true"`` lets a step take several micro batches per worker (default ``"false"``).
 """
 
 from __future__ import annotations
@@ -32,6 +49,94 @@ METRICS_PORT_ENV = "TIDE_METRICS_PORT"
 JOB_NAME_ENV = "VOLCANO_JOB_NAME"
 NAMESPACE_ENV = "POD_NAMESPACE"
 POD_NAME_ENV = "POD_NAME"
+ADAPTIVE_BATCH_ENV = "TIDE_ADAPTIVE_BATCH"
+INITIAL_BATCH_ENV = "TIDE_INITIAL_BATCH_SIZE"
+MAX_BATCH_ENV = "TIDE_MAX_BATCH_SIZE"
+LOCAL_BATCH_MIN_ENV = "TIDE_LOCAL_BATCH_MIN"
+LOCAL_BATCH_MAX_ENV = "TIDE_LOCAL_BATCH_MAX"
+ACCUMULATION_ENV = "TIDE_ACCUMULATION"
+ADAPTIVE_ENVS = (
+    ADAPTIVE_BATCH_ENV,
+    INITIAL_BATCH_ENV,
+    MAX_BATCH_ENV,
+    LOCAL_BATCH_MIN_ENV,
+    LOCAL_BATCH_MAX_ENV,
+    ACCUMULATION_ENV,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveBatchSettings:
+    """Bounds of a job that lets tide choose its batch (``TIDE_ADAPTIVE_BATCH=true``).
+
+    Attributes:
+        initial_batch_size: Global batch (samples per step) the learning rate was tuned for; the
+            smallest global batch the run takes, and the unit of its progress.
+        max_batch_size: Largest global batch.
+        local_batch_min: Smallest micro batch of one worker.
+        local_batch_max: Largest micro batch of one worker (what fits in its memory).
+        accumulation: Whether a step may take several micro batches per worker.
+    """
+
+    initial_batch_size: int
+    max_batch_size: int
+    local_batch_min: int
+    local_batch_max: int
+    accumulation: bool
+
+    def __post_init__(self) -> None:
+        if self.initial_batch_size < 1:
+            raise ConfigError(f"{INITIAL_BATCH_ENV}: must be >= 1, got {self.initial_batch_size}")
+        if self.max_batch_size < self.initial_batch_size:
+            raise ConfigError(
+                f"{MAX_BATCH_ENV}: must be >= {INITIAL_BATCH_ENV} ({self.initial_batch_size}), "
+                f"got {self.max_batch_size}"
+            )
+        if self.local_batch_min < 1:
+            raise ConfigError(f"{LOCAL_BATCH_MIN_ENV}: must be >= 1, got {self.local_batch_min}")
+        if self.local_batch_max < self.local_batch_min:
+            raise ConfigError(
+                f"{LOCAL_BATCH_MAX_ENV}: must be >= {LOCAL_BATCH_MIN_ENV} "
+                f"({self.local_batch_min}), got {self.local_batch_max}"
+            )
+        if self.local_batch_min > self.max_batch_size:
+            raise ConfigError(
+                f"{LOCAL_BATCH_MIN_ENV}: must be <= {MAX_BATCH_ENV} ({self.max_batch_size}), "
+                f"got {self.local_batch_min}"
+            )
+
+    @classmethod
+    def from_environ(cls, env: Mapping[str, str]) -> AdaptiveBatchSettings | None:
+        """Read the adaptive-batch variables.
+
+        Args:
+            env: The environment.
+
+        Returns:
+            The settings, or ``None`` when the job does not opt in.
+
+        Raises:
+            ConfigError: When a variable is malformed, a bound is missing or inconsistent, or a
+                bound is set without ``TIDE_ADAPTIVE_BATCH=true`` (it would do nothing).
+        """
+        enabled = _bool_var(env, ADAPTIVE_BATCH_ENV, default=False)
+        if not enabled:
+            stray = [n for n in ADAPTIVE_ENVS[1:] if env.get(n, "").strip()]
+            if stray:
+                raise ConfigError(
+                    f"{stray[0]}: set without {ADAPTIVE_BATCH_ENV}=true, so it would do nothing"
+                )
+            return None
+        for name in (INITIAL_BATCH_ENV, MAX_BATCH_ENV, LOCAL_BATCH_MAX_ENV):
+            if not env.get(name, "").strip():
+                raise ConfigError(f"{name}: required with {ADAPTIVE_BATCH_ENV}=true")
+        return cls(
+            initial_batch_size=_int_var(env, INITIAL_BATCH_ENV, 0, minimum=1),
+            max_batch_size=_int_var(env, MAX_BATCH_ENV, 0, minimum=1),
+            local_batch_min=_int_var(env, LOCAL_BATCH_MIN_ENV, 1, minimum=1),
+            local_batch_max=_int_var(env, LOCAL_BATCH_MAX_ENV, 0, minimum=1),
+            accumulation=_bool_var(env, ACCUMULATION_ENV, default=False),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +153,7 @@ class WorkerEnv:
         namespace: Kubernetes namespace, ``""`` when unknown.
         metrics_port: Port for the metrics server, ``None`` for no server.
         pod_name: Kubernetes pod name, ``""`` when unknown.
+        adaptive: The adaptive-batch bounds, ``None`` when the job does not opt in.
     """
 
     rank: int
@@ -59,6 +165,7 @@ class WorkerEnv:
     namespace: str
     metrics_port: int | None
     pod_name: str = ""
+    adaptive: AdaptiveBatchSettings | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerEnv:
@@ -94,6 +201,7 @@ class WorkerEnv:
             namespace=env.get(NAMESPACE_ENV, ""),
             metrics_port=metrics_port,
             pod_name=env.get(POD_NAME_ENV, ""),
+            adaptive=AdaptiveBatchSettings.from_environ(env),
         )
 
 
@@ -108,3 +216,12 @@ def _int_var(env: Mapping[str, str], name: str, default: int, *, minimum: int) -
     if value < minimum:
         raise ConfigError(f"{name}: must be >= {minimum}, got {value}")
     return value
+
+
+def _bool_var(env: Mapping[str, str], name: str, *, default: bool) -> bool:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    if text not in ("true", "false"):
+        raise ConfigError(f'{name}: must be "true" or "false", got {text!r}')
+    return text == "true"

@@ -168,3 +168,137 @@ class WorkerMetrics:
             server.server_close()
         if thread is not None:
             thread.join(timeout=5)
+
+
+SHAPE_LABELS = ("nodes", "replicas", "local_batch")
+
+
+class AdaptiveMetrics:
+    """The adaptive-batch metrics of a pod (registered only when the job opts in).
+
+    Times carry, beside :data:`LABELS`, the shape they were measured at: ``nodes`` (pods),
+    ``replicas`` (workers) and ``local_batch`` (samples per micro batch). Throughput (from
+    ``tide_worker_samples_total``) and statistical efficiency are exported apart, never as their
+    product: the engine fits each.
+
+    Args:
+        registry: Registry of the pod's :class:`WorkerMetrics`.
+        job_name: Value of the ``volcano_job`` label.
+        namespace: Value of the ``namespace`` label.
+        pod: Value of the ``pod`` label.
+    """
+
+    def __init__(
+        self, *, registry: CollectorRegistry, job_name: str = "", namespace: str = "", pod: str = ""
+    ) -> None:
+        self._labels = {"volcano_job": job_name, "namespace": namespace, "pod": pod}
+        labels, reg, shaped = self._labels, registry, (*LABELS, *SHAPE_LABELS)
+        self.optim_step_seconds = Histogram(
+            "tide_worker_optim_step_seconds",
+            "Wall time of a step's synchronising micro batch and optimizer update (the step "
+            "minus its accumulation micro batches).",
+            shaped,
+            buckets=_STEP_BUCKETS_S,
+            registry=reg,
+        )
+        self.accumulation_step_seconds = Histogram(
+            "tide_worker_accumulation_step_seconds",
+            "Wall time of one accumulation micro batch (forward and backward, no all-reduce).",
+            shaped,
+            buckets=_STEP_BUCKETS_S,
+            registry=reg,
+        )
+        self.sync_seconds = Histogram(
+            "tide_worker_sync_seconds",
+            "Wall time of a step's gradient all-reduce, first bucket sent to last reduced.",
+            shaped,
+            buckets=_STEP_BUCKETS_S,
+            registry=reg,
+        )
+
+        def gauge(name: str, text: str) -> Gauge:
+            return Gauge(name, text, LABELS, registry=reg)
+
+        self.grad_sqr = gauge(
+            "tide_worker_grad_sqr", "Smoothed estimate of the true gradient's squared norm."
+        ).labels(**labels)
+        self.grad_var = gauge(
+            "tide_worker_grad_var",
+            "Smoothed estimate of the gradient variance at the initial batch.",
+        ).labels(**labels)
+        self.initial_batch_size = gauge(
+            "tide_worker_initial_batch_size", "Global batch the learning rate was tuned for."
+        ).labels(**labels)
+        self.max_batch_size = gauge(
+            "tide_worker_max_batch_size", "Largest global batch the job allows."
+        ).labels(**labels)
+        self.batch_size = gauge(
+            "tide_worker_batch_size", "Current global batch (samples per optimizer step)."
+        ).labels(**labels)
+        self.local_batch_size = gauge(
+            "tide_worker_local_batch_size", "Current micro batch of one worker."
+        ).labels(**labels)
+        self.accumulation_steps = gauge(
+            "tide_worker_accumulation_steps", "Current micro batches per worker per step."
+        ).labels(**labels)
+        self.local_batch_min = gauge(
+            "tide_worker_local_batch_min", "Smallest micro batch the job allows."
+        ).labels(**labels)
+        self.local_batch_max = gauge(
+            "tide_worker_local_batch_max", "Largest micro batch the job allows."
+        ).labels(**labels)
+        self.efficiency = gauge(
+            "tide_worker_statistical_efficiency",
+            "Progress per sample of the current batch relative to the initial batch (gain / "
+            "scale).",
+        ).labels(**labels)
+        self.progress = gauge(
+            "tide_worker_progress",
+            "Scale-invariant iterations done: the sum of every step's gain (steps at the "
+            "initial batch that the run's steps are worth).",
+        ).labels(**labels)
+        self._planned_progress = gauge(
+            "tide_worker_planned_progress",
+            "Scale-invariant iterations of the whole run (its samples over the initial batch); "
+            "absent when the script declares no epochs or dataset.",
+        )
+
+    def observe_times(
+        self,
+        *,
+        nodes: int,
+        replicas: int,
+        local_batch: int,
+        optim_step_s: float,
+        accumulation_s: tuple[float, ...],
+        sync_s: float | None,
+    ) -> None:
+        """Record one step's times at its shape.
+
+        Args:
+            nodes: Pods of the job.
+            replicas: Workers.
+            local_batch: Samples per micro batch.
+            optim_step_s: The step's synchronising micro batch and update.
+            accumulation_s: Each accumulation micro batch.
+            sync_s: The all-reduce, ``None`` when not measured.
+        """
+        shape = {"nodes": str(nodes), "replicas": str(replicas), "local_batch": str(local_batch)}
+        self.optim_step_seconds.labels(**self._labels, **shape).observe(optim_step_s)
+        for seconds in accumulation_s:
+            self.accumulation_step_seconds.labels(**self._labels, **shape).observe(seconds)
+        if sync_s is not None:
+            self.sync_seconds.labels(**self._labels, **shape).observe(sync_s)
+
+    def set_planned_progress(self, iterations: float) -> None:
+        """Export the scale-invariant iterations of the whole run.
+
+        Args:
+            iterations: At least 0.
+
+        Raises:
+            ValueError: ``iterations`` is negative.
+        """
+        if iterations < 0:
+            raise ValueError(f"planned progress: must be >= 0, got {iterations}")
+        self._planned_progress.labels(**self._labels).set(iterations)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -16,14 +16,17 @@ import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
 from worker_runtime import collectives
+from worker_runtime.adaptive import AdaptiveBatch
+from worker_runtime.adascale import efficiency
 from worker_runtime.batching import BatchPlan, ScalingMode, plan_batch
 from worker_runtime.checkpoint import AsyncCheckpointer, SaveResult
 from worker_runtime.device import Placement, resolve_placement
 from worker_runtime.env import WorkerEnv
 from worker_runtime.errors import ConfigError
-from worker_runtime.metrics import WorkerMetrics
+from worker_runtime.goodput import BatchChoice
+from worker_runtime.metrics import AdaptiveMetrics, WorkerMetrics
 from worker_runtime.resume import Position, ResumeInfo, write_progress
-from worker_runtime.sampler import ElasticSampler
+from worker_runtime.sampler import ElasticBatchSampler, ElasticSampler
 from worker_runtime.signals import StopRequest
 from worker_runtime.snapshot import capture_rng_state
 from worker_runtime.state import TrainingState
@@ -61,6 +64,15 @@ class ElasticRun:
     save that comes due while the previous write runs waits for it (see
     :mod:`worker_runtime.checkpoint`).
 
+    Adaptive batch (opt-in, ``TIDE_ADAPTIVE_BATCH=true`` from the Job annotation
+    ``tide.io/adaptive-batch``; see :mod:`worker_runtime.adaptive`): the run chooses the global
+    batch, the micro batch and the accumulation within the job's bounds, ignoring
+    ``micro_batch_size``, ``global_batch_size``, ``scaling`` and ``accumulation_steps``; it sets
+    the learning rate at every step (AdaScale on the optimizer's initial rates, times
+    ``lr_schedule(progress)``), so a ``scheduler`` is refused. Build the loader with
+    :meth:`make_batch_sampler` so that the micro batch can change, and watch the model through
+    :meth:`sync_gradients`. A job that does not opt in runs exactly as without this feature.
+
     Args:
         checkpoint_dir: Checkpoint directory on a filesystem every worker sees (a PVC).
         model: Module whose ``state_dict`` is saved (a DDP wrapper is unwrapped).
@@ -83,6 +95,11 @@ class ElasticRun:
         backend: Process-group backend used when the script has not initialized one:
             ``"auto"`` (NCCL when this worker's local rank has a CUDA device, else gloo),
             ``"nccl"`` or ``"gloo"``.
+        lr_schedule: Adaptive batch only: factor on the initial learning rates as a function
+            of progress in scale-invariant iterations (steps at the initial batch); constant 1
+            when ``None``.
+        rechoose_every_steps: Adaptive batch only: steps between two choices of the batch
+            (it is also chosen at the start of every pass over the data).
 
     Raises:
         ConfigError: When a setting or environment variable is invalid, or ``backend="nccl"``
@@ -112,20 +129,40 @@ class ElasticRun:
         environ: Mapping[str, str] | None = None,
         metrics_addr: str = "0.0.0.0",
         backend: str = "auto",
+        lr_schedule: Callable[[float], float] | None = None,
+        rechoose_every_steps: int = 50,
     ) -> None:
         if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
             raise ConfigError(f"checkpoint_every_steps: must be >= 1, got {checkpoint_every_steps}")
         if checkpoint_every_s is not None and checkpoint_every_s <= 0:
             raise ConfigError(f"checkpoint_every_s: must be > 0, got {checkpoint_every_s}")
         self.env = WorkerEnv.from_environ(environ)
-        self.plan: BatchPlan = plan_batch(
-            mode=scaling,
-            world_size=self.env.world_size,
-            micro_batch_size=micro_batch_size,
-            global_batch_size=global_batch_size,
-            accumulation_steps=accumulation_steps,
-            base_world_size=base_world_size,
-        )
+        self.adaptive: AdaptiveBatch | None = None
+        if self.env.adaptive is None:
+            self.plan: BatchPlan = plan_batch(
+                mode=scaling,
+                world_size=self.env.world_size,
+                micro_batch_size=micro_batch_size,
+                global_batch_size=global_batch_size,
+                accumulation_steps=accumulation_steps,
+                base_world_size=base_world_size,
+            )
+        else:
+            if scheduler is not None:
+                raise ConfigError(
+                    "scheduler: the adaptive batch (TIDE_ADAPTIVE_BATCH=true) sets the learning "
+                    "rate at every step; pass lr_schedule (a function of progress) instead"
+                )
+            self.adaptive = AdaptiveBatch(
+                settings=self.env.adaptive,
+                optimizer=optimizer,
+                world_size=self.env.world_size,
+                nodes=max(1, self.env.world_size // self.env.local_world_size),
+                rank=self.env.rank,
+                lr_schedule=lr_schedule,
+                rechoose_every_steps=rechoose_every_steps,
+            )
+            self.plan = _plan_of(self.adaptive.choice, world_size=self.env.world_size)
         self.checkpoint_every_steps = checkpoint_every_steps
         self.checkpoint_every_s = checkpoint_every_s
         self.seed = seed
@@ -139,16 +176,20 @@ class ElasticRun:
             namespace=self.env.namespace,
             pod=self.env.pod_name,
         )
+        self.adaptive_metrics: AdaptiveMetrics | None = None
+        if self.adaptive is not None:
+            self.adaptive_metrics = AdaptiveMetrics(
+                registry=self.metrics.registry,
+                job_name=self.env.job_name,
+                namespace=self.env.namespace,
+                pod=self.env.pod_name,
+            )
         self.store = CheckpointStore(self.directory, keep=keep_checkpoints)
         self.checkpointer = AsyncCheckpointer(self.store, on_commit=self._on_commit)
         self.placement: Placement = resolve_placement(backend, local_rank=self.env.local_rank)
         self._metrics_addr = metrics_addr
         self._start_step = 0
-        # torchrun numbers a pod's workers consecutively: its local rank 0, which serves the
-        # pod's metrics, counts the samples of all of them.
-        first = max(0, self.env.rank - self.env.local_rank)
-        pod_ranks = range(first, min(first + self.env.local_world_size, self.env.world_size))
-        self._pod_samples_per_step = sum(self.plan.samples_of(r) for r in pod_ranks)
+        self._pod_samples_per_step = self._pod_samples()
         self._write_overlap_steps = 0
         self._stop = StopRequest()
         self._owns_group = False
@@ -176,6 +217,9 @@ class ElasticRun:
             self.store, rank=self.env.rank, world_size=self.env.world_size, plan=self.plan
         )
         self._start_step = self.position.step
+        if self.adaptive is not None:
+            self.adaptive.load()
+            self._export_adaptive()
         self._prepare_snapshot()
         self.metrics.world_size.set(self.env.world_size)
         self.metrics.steps.inc(self.position.step)
@@ -204,6 +248,8 @@ class ElasticRun:
             # before gloo's threads have released the last collectives (collectives.settle).
             # Settled while the SIGTERM handler is still in place: torchrun may signal again.
             collectives.settle()
+            if self.adaptive is not None:
+                self.adaptive.close()
             self._stop.uninstall()
             self.metrics.close()
             if self._owns_group and dist.is_initialized():
@@ -251,6 +297,11 @@ class ElasticRun:
         return self.plan.loss_scale
 
     @property
+    def progress(self) -> float | None:
+        """Scale-invariant iterations done (adaptive batch); ``None`` without the opt-in."""
+        return None if self.adaptive is None else self.adaptive.progress
+
+    @property
     def checkpoint_write_in_flight(self) -> bool:
         """Whether a background checkpoint write is running (always ``False`` off rank 0)."""
         return self.checkpointer.writing_step is not None
@@ -284,6 +335,21 @@ class ElasticRun:
         )
         self._export_plan()
         return self._sampler
+
+    def make_batch_sampler(self, dataset: Any, *, shuffle: bool = True) -> ElasticBatchSampler:
+        """The batch sampler to give the ``DataLoader`` (``batch_sampler=``, no ``batch_size``).
+
+        Unlike :meth:`make_sampler` with a fixed ``batch_size``, it follows the micro batch the
+        run takes, which the adaptive batch may change between two passes of the loader.
+
+        Args:
+            dataset: The dataset (only its length is used).
+            shuffle: Permute the order each epoch.
+
+        Returns:
+            A batch sampler over :meth:`make_sampler`'s sampler.
+        """
+        return ElasticBatchSampler(self.make_sampler(dataset, shuffle=shuffle))
 
     def epochs(self, num_epochs: int) -> Iterator[int]:
         """Epoch numbers from the resumed one up to ``num_epochs``; saves once all are done.
@@ -324,6 +390,9 @@ class ElasticRun:
         """
         if self._sampler is None:
             raise ConfigError("steps(): call make_sampler() and use its sampler in the loader")
+        if self.adaptive is not None:
+            yield from self._adaptive_steps(loader, self.adaptive)
+            return
         steps_left = self._steps_left()
         # DataLoader.__iter__ draws a seed from the global generator. Drawing it in a fork keeps
         # the generator's stream the same whether the epoch starts fresh or mid-way on resume.
@@ -348,6 +417,8 @@ class ElasticRun:
         Returns:
             ``model.no_sync()`` for a DDP model and not ``last``, else a null context.
         """
+        if self.adaptive is not None:
+            self.adaptive.watch(model)
         no_sync = getattr(model, "no_sync", None)
         if last or no_sync is None:
             return contextlib.nullcontext()
@@ -399,6 +470,86 @@ class ElasticRun:
         g = self.plan.global_batch_size
         per_epoch = self._sampler.num_samples_total // g * g
         self.metrics.set_planned_samples(self._planned_epochs * per_epoch)
+        if self.adaptive is not None and self.adaptive_metrics is not None:
+            # The run's length in steps at the initial batch: the target of Pollux's model.
+            self.adaptive_metrics.set_planned_progress(
+                self.adaptive.planned_progress(self._planned_epochs * per_epoch)
+            )
+
+    def _pod_samples(self) -> int:
+        # torchrun numbers a pod's workers consecutively: its local rank 0, which serves the
+        # pod's metrics, counts the samples of all of them.
+        first = max(0, self.env.rank - self.env.local_rank)
+        pod_ranks = range(first, min(first + self.env.local_world_size, self.env.world_size))
+        return sum(self.plan.samples_of(r) for r in pod_ranks)
+
+    def _adaptive_steps(self, loader: Iterable[T], adaptive: AdaptiveBatch) -> Iterator[list[T]]:
+        # steps() of a job that opts in: the batch is chosen at the start of the pass and every
+        # rechoose_every_steps steps; a change ends the loader's pass, and the next one draws
+        # micro batches of the new size from the same position (in samples).
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        if batch_sampler is not None and not isinstance(batch_sampler, ElasticBatchSampler):
+            raise ConfigError(
+                "steps(): with the adaptive batch the micro batch may change; build the "
+                "DataLoader with batch_sampler=run.make_batch_sampler(dataset)"
+            )
+        self._apply_choice(adaptive.rechoose())
+        while True:
+            steps_left = self._steps_left()
+            if steps_left == 0:
+                return
+            with torch.random.fork_rng(devices=[]):
+                batches_iter = iter(loader)
+            accumulation_steps = self.accumulation_steps
+            changed = False
+            for _ in range(steps_left):
+                started_s = time.perf_counter()
+                adaptive.begin_step(loss_scale=self.loss_scale)
+                batches = [next(batches_iter) for _ in range(accumulation_steps)]
+                yield batches
+                self._end_step(started_s)
+                if adaptive.due(self.position.step):
+                    before = adaptive.choice
+                    if adaptive.rechoose() != before:
+                        self._apply_choice(adaptive.choice)
+                        changed = True
+                        break
+            if not changed:
+                return
+
+    def _apply_choice(self, choice: BatchChoice) -> None:
+        plan = _plan_of(choice, world_size=self.env.world_size)
+        if plan != self.plan:
+            self.plan = plan
+            self._pod_samples_per_step = self._pod_samples()
+            if self._sampler is not None:
+                self._sampler.set_batch(
+                    global_batch_size=plan.global_batch_size,
+                    micro_batch_size=plan.micro_batch_size,
+                )
+            self._export_plan()
+        self._export_adaptive()
+
+    def _export_adaptive(self) -> None:
+        adaptive, metrics = self.adaptive, self.adaptive_metrics
+        if adaptive is None or metrics is None:
+            return
+        settings = adaptive.settings
+        metrics.initial_batch_size.set(settings.initial_batch_size)
+        metrics.max_batch_size.set(settings.max_batch_size)
+        metrics.local_batch_min.set(settings.local_batch_min)
+        metrics.local_batch_max.set(settings.local_batch_max)
+        metrics.batch_size.set(self.plan.global_batch_size)
+        metrics.local_batch_size.set(self.plan.micro_batch_size)
+        metrics.accumulation_steps.set(self.plan.accumulation_steps)
+        metrics.progress.set(adaptive.progress)
+        stats = adaptive.stats
+        if stats.ready:
+            metrics.grad_sqr.set(stats.grad_sqr)
+            metrics.grad_var.set(stats.grad_var)
+            metrics.efficiency.set(
+                efficiency(grad_sqr=stats.grad_sqr, grad_var=stats.grad_var, scale=adaptive.scale)
+            )
 
     def _steps_left(self) -> int:
         assert self._sampler is not None
@@ -433,7 +584,19 @@ class ElasticRun:
         self.metrics.steps.inc()
         self.metrics.consumed_samples.set(self.position.samples_total)
         self.metrics.samples.inc(self._pod_samples_per_step)
-        self.metrics.step_seconds.observe(time.perf_counter() - started_s)
+        ended_s = time.perf_counter()
+        self.metrics.step_seconds.observe(ended_s - started_s)
+        if self.adaptive is not None and self.adaptive_metrics is not None:
+            times = self.adaptive.end_step(started_s=started_s, ended_s=ended_s)
+            self.adaptive_metrics.observe_times(
+                nodes=self.adaptive.nodes,
+                replicas=self.env.world_size,
+                local_batch=self.plan.micro_batch_size,
+                optim_step_s=times.optim_step_s,
+                accumulation_s=times.accumulation_s,
+                sync_s=times.sync_s,
+            )
+            self._export_adaptive()
         if self.env.rank == 0:
             write_progress(self.directory, self.position)
             if self.checkpointer.writing_step is not None:
@@ -466,3 +629,14 @@ class ElasticRun:
     def _on_commit(self, manifest: CheckpointManifest, write_s: float) -> None:
         del manifest
         self.metrics.checkpoint_save_seconds.observe(write_s)
+
+
+def _plan_of(choice: BatchChoice, *, world_size: int) -> BatchPlan:
+    # An adaptive batch always splits evenly: global = world_size x local x accumulation.
+    return BatchPlan(
+        world_size=world_size,
+        micro_batch_size=choice.local_batch_size,
+        accumulation_steps=choice.accumulation_steps,
+        global_batch_size=choice.global_batch_size,
+        lr_scale=1.0,
+    )

@@ -107,6 +107,25 @@ class ElasticSampler(Sampler[int]):
         self.epoch = epoch
         self.consumed_samples = consumed_samples
 
+    def set_batch(self, *, global_batch_size: int, micro_batch_size: int) -> None:
+        """Take another batch from the next iteration on; the position (in samples) is kept.
+
+        Args:
+            global_batch_size: Samples per optimizer step.
+            micro_batch_size: Samples per forward/backward pass.
+
+        Raises:
+            ConfigError: When the sizes do not split over the world size
+                (:class:`~worker_runtime.errors.BatchConfigError`).
+        """
+        check_global_batch(
+            global_batch_size=global_batch_size,
+            micro_batch_size=micro_batch_size,
+            world_size=self.world_size,
+        )
+        self.global_batch_size = global_batch_size
+        self.micro_batch_size = micro_batch_size
+
     def order(self) -> list[int]:
         """The epoch's full order of sample indices (identical on every rank)."""
         if not self.shuffle:
@@ -151,3 +170,40 @@ class ElasticSampler(Sampler[int]):
             for j in mine:
                 begin = step_begin + j * micro
                 yield begin, min(begin + micro, step_begin + step_len)
+
+
+class ElasticBatchSampler(Sampler[list[int]]):
+    """This rank's micro batches (lists of indices) from an :class:`ElasticSampler`.
+
+    Give it to the ``DataLoader`` as ``batch_sampler``: the micro batch size is read from the
+    sampler at every iteration, so a batch changed with :meth:`ElasticSampler.set_batch` takes
+    effect at the loader's next pass without building another loader.
+
+    Args:
+        sampler: The elastic sampler, with ``micro_batch_size`` set.
+
+    Raises:
+        ConfigError: When the sampler has no micro batch size.
+    """
+
+    def __init__(self, sampler: ElasticSampler) -> None:
+        if sampler.micro_batch_size is None:
+            raise ConfigError("sampler: an ElasticSampler with micro_batch_size is required")
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[list[int]]:
+        size = self.sampler.micro_batch_size
+        assert size is not None
+        batch: list[int] = []
+        for index in self.sampler:
+            batch.append(index)
+            if len(batch) == size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+    def __len__(self) -> int:
+        size = self.sampler.micro_batch_size
+        assert size is not None
+        return -(-len(self.sampler) // size)

@@ -10,6 +10,16 @@ A job's owner writes, for example::
         tide.io/max-replicas: "16"
         tide.io/restart-cost: 45s
 
+A job that lets tide choose its batch (the worker runtime's adaptive batch, which reads the same
+values from the environment variables named in :data:`ADAPTIVE_ENV`) adds::
+
+        tide.io/adaptive-batch: "true"
+        tide.io/initial-batch-size: "256"    # global batch the learning rate was tuned for
+        tide.io/max-batch-size: "4096"
+        tide.io/local-batch-min: "32"        # per worker; default 1
+        tide.io/local-batch-max: "128"       # per worker: what fits in its memory
+        tide.io/accumulation: "true"         # several micro batches per step; default false
+
 Annotations outside ``tide.io/`` are ignored; an unknown ``tide.io/`` annotation is an error, since
 a misspelt override silently doing nothing is worse than a refused job.
 """
@@ -30,12 +40,49 @@ TASK = "tide.io/task"
 MIN_REPLICAS = "tide.io/min-replicas"
 MAX_REPLICAS = "tide.io/max-replicas"
 RESTART_COST = "tide.io/restart-cost"
-KNOWN = (ELASTIC, TASK, MIN_REPLICAS, MAX_REPLICAS, RESTART_COST)
+ADAPTIVE_BATCH = "tide.io/adaptive-batch"
+INITIAL_BATCH = "tide.io/initial-batch-size"
+MAX_BATCH = "tide.io/max-batch-size"
+LOCAL_BATCH_MIN = "tide.io/local-batch-min"
+LOCAL_BATCH_MAX = "tide.io/local-batch-max"
+ACCUMULATION = "tide.io/accumulation"
+ADAPTIVE_KEYS = (
+    ADAPTIVE_BATCH,
+    INITIAL_BATCH,
+    MAX_BATCH,
+    LOCAL_BATCH_MIN,
+    LOCAL_BATCH_MAX,
+    ACCUMULATION,
+)
+ADAPTIVE_ENV = {
+    key: "TIDE_" + key.removeprefix(PREFIX).upper().replace("-", "_") for key in ADAPTIVE_KEYS
+}
+"""The worker's environment variable for each adaptive-batch annotation (``worker_runtime.env``)."""
+KNOWN = (ELASTIC, TASK, MIN_REPLICAS, MAX_REPLICAS, RESTART_COST, *ADAPTIVE_KEYS)
 MEMORY = "tide.io/memory"
 """Written by tide itself, not by the job's owner: the stabilizer's memory
 (``scheduler_policy.adapters.memory_codec``). Not an override, and not an unknown annotation."""
 
 _COUNT = re.compile(r"\d+")
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveBatch:
+    """The bounds of a job that lets tide choose its batch (``tide.io/adaptive-batch: "true"``).
+
+    Attributes:
+        initial_batch_size: global batch the learning rate was tuned for, and the smallest.
+        max_batch_size: largest global batch.
+        local_batch_min: smallest micro batch of one worker.
+        local_batch_max: largest micro batch of one worker.
+        accumulation: whether a step may take several micro batches per worker.
+    """
+
+    initial_batch_size: int
+    max_batch_size: int
+    local_batch_min: int = 1
+    local_batch_max: int = 1
+    accumulation: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +95,7 @@ class JobOverrides:
         min_replicas: the fewest replicas of that task.
         max_replicas: the most replicas of that task.
         restart_cost_s: seconds of progress a membership change costs the job.
+        adaptive_batch: the adaptive-batch bounds when the job opts in.
     """
 
     elastic: bool | None = None
@@ -55,6 +103,7 @@ class JobOverrides:
     min_replicas: int | None = None
     max_replicas: int | None = None
     restart_cost_s: float | None = None
+    adaptive_batch: AdaptiveBatch | None = None
 
 
 def annotation_path(key: str) -> str:
@@ -72,6 +121,76 @@ def _count(annotations: Mapping[str, str], key: str, problems: list[str]) -> int
         )
         return None
     return int(value)
+
+
+def _flag(annotations: Mapping[str, str], key: str, problems: list[str]) -> bool | None:
+    if key not in annotations:
+        return None
+    value = annotations[key]
+    if value in ("true", "false"):
+        return value == "true"
+    problems.append(f'{annotation_path(key)}: must be "true" or "false", got {show(value)}')
+    return None
+
+
+def _positive(annotations: Mapping[str, str], key: str, problems: list[str]) -> int | None:
+    count = _count(annotations, key, problems)
+    if count == 0:
+        problems.append(f"{annotation_path(key)}: must be at least 1, got {show(annotations[key])}")
+        return None
+    return count
+
+
+def _adaptive_batch(annotations: Mapping[str, str], problems: list[str]) -> AdaptiveBatch | None:
+    """The adaptive-batch bounds, checked as the worker checks them (``worker_runtime.env``)."""
+    enabled = _flag(annotations, ADAPTIVE_BATCH, problems)
+    bounds = [k for k in ADAPTIVE_KEYS[1:] if k in annotations]
+    if not enabled:
+        if enabled is False or ADAPTIVE_BATCH not in annotations:
+            problems.extend(
+                f'{annotation_path(k)}: set without {ADAPTIVE_BATCH}: "true", so it would do '
+                "nothing"
+                for k in bounds
+            )
+        return None
+    missing = [k for k in (INITIAL_BATCH, MAX_BATCH, LOCAL_BATCH_MAX) if k not in annotations]
+    problems.extend(
+        f'{annotation_path(k)}: required with {ADAPTIVE_BATCH}: "true"' for k in missing
+    )
+    before = len(problems)
+    initial = _positive(annotations, INITIAL_BATCH, problems)
+    largest = _positive(annotations, MAX_BATCH, problems)
+    low = _positive(annotations, LOCAL_BATCH_MIN, problems)
+    high = _positive(annotations, LOCAL_BATCH_MAX, problems)
+    accumulation = _flag(annotations, ACCUMULATION, problems)
+    if len(problems) > before or missing:
+        return None
+    assert initial is not None and largest is not None and high is not None
+    low = 1 if low is None else low
+    if largest < initial:
+        problems.append(
+            f"{annotation_path(MAX_BATCH)}: must be at least {INITIAL_BATCH} ({initial}), "
+            f"got {show(annotations[MAX_BATCH])}"
+        )
+    if high < low:
+        problems.append(
+            f"{annotation_path(LOCAL_BATCH_MAX)}: must be at least {LOCAL_BATCH_MIN} ({low}), "
+            f"got {show(annotations[LOCAL_BATCH_MAX])}"
+        )
+    if low > largest:
+        problems.append(
+            f"{annotation_path(LOCAL_BATCH_MIN)}: must not exceed {MAX_BATCH} ({largest}), "
+            f"got {show(annotations[LOCAL_BATCH_MIN])}"
+        )
+    if len(problems) > before:
+        return None
+    return AdaptiveBatch(
+        initial_batch_size=initial,
+        max_batch_size=largest,
+        local_batch_min=low,
+        local_batch_max=high,
+        accumulation=bool(accumulation),
+    )
 
 
 def job_overrides(annotations: Mapping[str, str], *, source: str) -> JobOverrides:
@@ -133,6 +252,8 @@ def job_overrides(annotations: Mapping[str, str], *, source: str) -> JobOverride
         except ValueError as error:
             problems.append(str(error))
 
+    adaptive_batch = _adaptive_batch(annotations, problems)
+
     if problems:
         raise PolicyError(source, problems)
     return JobOverrides(
@@ -141,4 +262,5 @@ def job_overrides(annotations: Mapping[str, str], *, source: str) -> JobOverride
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         restart_cost_s=restart_cost_s,
+        adaptive_batch=adaptive_batch,
     )

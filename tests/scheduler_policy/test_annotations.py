@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_policy.policy.annotations import JobOverrides, job_overrides
+from scheduler_policy.policy.annotations import (
+    ADAPTIVE_ENV,
+    AdaptiveBatch,
+    JobOverrides,
+    job_overrides,
+)
 from scheduler_policy.vocabulary.errors import PolicyError
 
 
@@ -78,7 +83,9 @@ def test_job_overrides_reads(annotations: dict[str, str], expected: JobOverrides
         ({"tide.io/zzzzzz": "1"},
          'metadata.annotations["tide.io/zzzzzz"]: unknown tide.io annotation; expected one of '
          "tide.io/elastic, tide.io/task, tide.io/min-replicas, tide.io/max-replicas, "
-         "tide.io/restart-cost"),
+         "tide.io/restart-cost, tide.io/adaptive-batch, tide.io/initial-batch-size, "
+         "tide.io/max-batch-size, tide.io/local-batch-min, tide.io/local-batch-max, "
+         "tide.io/accumulation"),
     ],
     ids=["elastic-yes", "elastic-capitalised", "task-blank", "min-word", "min-negative",
          "max-fraction", "max-empty", "min-above-max", "restart-cost-bare-number",
@@ -108,3 +115,83 @@ def test_job_overrides_reports_every_problem_at_once() -> None:
         "metadata.annotations[\"tide.io/restart-cost\"]: must be a duration such as '30s', "
         "'5m', '1h30m' or '500ms', got 'soon'",
     ]
+
+
+ADAPTIVE = {
+    "tide.io/adaptive-batch": "true",
+    "tide.io/initial-batch-size": "256",
+    "tide.io/max-batch-size": "4096",
+    "tide.io/local-batch-max": "128",
+}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "expected"),
+    [
+        (ADAPTIVE, AdaptiveBatch(256, 4096, 1, 128, False)),
+        (ADAPTIVE | {"tide.io/local-batch-min": "32", "tide.io/accumulation": "true"},
+         AdaptiveBatch(256, 4096, 32, 128, True)),
+        ({"tide.io/adaptive-batch": "false"}, None),
+        ({}, None),
+    ],
+    ids=["required-only", "all-set", "opted-out", "absent"],
+)  # fmt: skip
+def test_adaptive_batch_annotations_read(
+    annotations: dict[str, str], expected: AdaptiveBatch | None
+) -> None:
+    assert job_overrides(annotations, source="ml/bert").adaptive_batch == expected
+
+
+def path(key: str) -> str:
+    return f'metadata.annotations["tide.io/{key}"]'
+
+
+@pytest.mark.parametrize(
+    ("annotations", "messages"),
+    [
+        (ADAPTIVE | {"tide.io/adaptive-batch": "yes"},
+         [f"{path('adaptive-batch')}: must be \"true\" or \"false\", got 'yes'"]),
+        ({"tide.io/adaptive-batch": "true"},
+         [f'{path(k)}: required with tide.io/adaptive-batch: "true"'
+          for k in ("initial-batch-size", "max-batch-size", "local-batch-max")]),
+        ({"tide.io/max-batch-size": "64"},
+         [f'{path("max-batch-size")}: set without tide.io/adaptive-batch: "true", so it would '
+          "do nothing"]),
+        ({"tide.io/adaptive-batch": "false", "tide.io/accumulation": "true"},
+         [f'{path("accumulation")}: set without tide.io/adaptive-batch: "true", so it would '
+          "do nothing"]),
+        (ADAPTIVE | {"tide.io/initial-batch-size": "0"},
+         [f"{path('initial-batch-size')}: must be at least 1, got '0'"]),
+        (ADAPTIVE | {"tide.io/local-batch-max": "big"},
+         [f"{path('local-batch-max')}: must be a non-negative integer, got 'big'"]),
+        (ADAPTIVE | {"tide.io/accumulation": "1"},
+         [f"{path('accumulation')}: must be \"true\" or \"false\", got '1'"]),
+        (ADAPTIVE | {"tide.io/max-batch-size": "128"},
+         [f"{path('max-batch-size')}: must be at least tide.io/initial-batch-size (256), "
+          "got '128'"]),
+        (ADAPTIVE | {"tide.io/local-batch-min": "256"},
+         [f"{path('local-batch-max')}: must be at least tide.io/local-batch-min (256), "
+          "got '128'"]),
+        (ADAPTIVE | {"tide.io/local-batch-min": "8192", "tide.io/local-batch-max": "8192"},
+         [f"{path('local-batch-min')}: must not exceed tide.io/max-batch-size (4096), "
+          "got '8192'"]),
+        (ADAPTIVE | {"tide.io/adaptive-batchs": "true"},
+         [f"{path('adaptive-batchs')}: unknown tide.io annotation; "
+          "did you mean 'tide.io/adaptive-batch'?"]),
+    ],
+    ids=["flag-yes", "bounds-missing", "bound-without-flag", "bound-with-flag-false",
+         "initial-zero", "local-max-word", "accumulation-one", "max-below-initial",
+         "local-max-below-min", "local-min-above-max-batch", "misspelt"],
+)  # fmt: skip
+def test_adaptive_batch_annotations_refused(
+    annotations: dict[str, str], messages: list[str]
+) -> None:
+    with pytest.raises(PolicyError) as excinfo:
+        job_overrides(annotations, source="ml/bert")
+    assert excinfo.value.problems == messages
+
+
+def test_adaptive_env_names_follow_the_annotations() -> None:
+    assert ADAPTIVE_ENV["tide.io/adaptive-batch"] == "TIDE_ADAPTIVE_BATCH"
+    assert ADAPTIVE_ENV["tide.io/initial-batch-size"] == "TIDE_INITIAL_BATCH_SIZE"
+    assert len(set(ADAPTIVE_ENV.values())) == 6

@@ -260,3 +260,29 @@ def test_check_job_reads_the_job_as_the_engine_does() -> None:
         ],
         [],
     )
+
+
+ADAPTIVE_JOB = {
+    "tide.io/adaptive-batch": "true",
+    "tide.io/initial-batch-size": "64",
+    "tide.io/max-batch-size": "1024",
+    "tide.io/local-batch-max": "128",
+}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "errors"),
+    [
+        (ADAPTIVE_JOB, []),
+        (ADAPTIVE_JOB | {"tide.io/local-batch-min": "0"},
+         ["metadata.annotations[\"tide.io/local-batch-min\"]: must be at least 1, got '0'"]),
+        ({"tide.io/local-batch-max": "128"},
+         ["metadata.annotations[\"tide.io/local-batch-max\"]: set without "
+          "tide.io/adaptive-batch: \"true\", so it would do nothing"]),
+    ],
+    ids=["adaptive-clean", "adaptive-bad-bound", "adaptive-bound-without-opt-in"],
+)  # fmt: skip
+def test_check_job_checks_the_adaptive_batch_annotations(
+    annotations: dict[str, str], errors: list[str]
+) -> None:
+    assert check_job(make_job(annotations=annotations)) == (errors, [])

@@ -74,9 +74,15 @@ class Cluster:
         return self.tmp / "log"
 
     def start_agent(
-        self, *script_args: str, nproc: int = 1, nnodes: str = "1:3", max_restarts: int = 3
+        self,
+        *script_args: str,
+        nproc: int = 1,
+        nnodes: str = "1:3",
+        max_restarts: int = 3,
+        script: Path = SCRIPT,
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start one torchrun agent (its own process group) running the test script."""
+        """Start one torchrun agent (its own process group) running ``script`` (with ``env``)."""
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
@@ -93,7 +99,7 @@ class Cluster:
             # may bind the same port (SO_REUSEPORT) and form a rendezvous of its own.
             f"--rdzv-conf={RDZV_CONF},is_host={int(not self.agents)}",
             "--rdzv-id=tide-test",
-            str(SCRIPT),
+            str(script),
             "--ckpt-dir",
             str(self.ckpt_dir),
             "--log-dir",
@@ -104,7 +110,9 @@ class Cluster:
         # the store outlives a round and the process group's keys carry no round prefix, so a
         # restarted worker can read a peer's gloo address from the previous round and fail to
         # connect. See the comment in manifests/examples/elastic-pytorch-job.yaml.
-        return self.start_command(cmd, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
+        return self.start_command(
+            cmd, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", **(env or {})}
+        )
 
     def start_command(self, cmd: list[str], *, env: dict[str, str]) -> subprocess.Popen[bytes]:
         """Start an agent from a whole command line, in its own session, logging to a file.

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from worker_runtime import ConfigError, ElasticSampler, ScalingMode, plan_batch
+from worker_runtime.sampler import ElasticBatchSampler
 
 
 def run_epoch(size: int, global_batch: int, worlds: list[int], *, shuffle: bool) -> list[int]:
@@ -205,3 +206,25 @@ def test_position_beyond_dataset_is_refused() -> None:
     s = ElasticSampler(range(10), rank=0, world_size=1)
     with pytest.raises(ConfigError, match="consumed_samples: must be in \\[0, 10\\], got 11"):
         s.set_position(epoch=0, consumed_samples=11)
+
+
+def test_a_batch_changed_mid_epoch_continues_from_the_same_sample() -> None:
+    sampler = ElasticSampler(
+        range(48), rank=1, world_size=2, seed=5, global_batch_size=8, micro_batch_size=4,
+        drop_last=True,
+    )  # fmt: skip
+    batches = ElasticBatchSampler(sampler)
+    order = sampler.order()
+    sampler.set_position(epoch=0, consumed_samples=16)
+    sampler.set_batch(global_batch_size=16, micro_batch_size=8)
+    # Rank 1 takes micro batch 1 of each 16-sample step from sample 16 on: 24-32, 40-48.
+    assert list(batches) == [order[24:32], order[40:48]]
+    assert len(batches) == 2
+
+
+def test_set_batch_refuses_a_batch_that_does_not_split() -> None:
+    sampler = ElasticSampler(
+        range(48), rank=0, world_size=2, global_batch_size=8, micro_batch_size=4
+    )
+    with pytest.raises(ConfigError, match="not a multiple of micro_batch_size"):
+        sampler.set_batch(global_batch_size=12, micro_batch_size=8)
