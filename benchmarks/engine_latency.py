@@ -139,6 +139,9 @@ class _Split:
     def list_pending_gangs(self) -> tuple[()]:
         return ()
 
+    def releasing_gpus(self) -> float:
+        return 0.0
+
 
 def measure_observe(jobs: int, queues: int, runs: int) -> float:
     """Median ms of ``observe`` on the synthetic cluster of ``jobs`` jobs."""

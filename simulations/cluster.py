@@ -282,6 +282,11 @@ class SimulatedCluster(ClusterCore):
                 gangs.append(cached[1])
         return gangs
 
+    def releasing_gpus(self) -> float:
+        """See base class. 0.0 for now: the simulator does not report terminating pods' GPUs
+        yet."""
+        return 0.0
+
     def apply(self, change: ReplicaChange) -> None:
         """See base class. A shrink is graceful: the workers checkpoint before they stop."""
         job = self.jobs.get(change.job)

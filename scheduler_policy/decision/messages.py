@@ -60,6 +60,14 @@ def _gpus(value: float) -> str:
     return f"{value:g}" if value == int(value) else f"{value:.2f}"
 
 
+def not_measured_message(job: JobState) -> str:
+    """The sentence of a job that holds because no throughput of it was measured yet."""
+    return (
+        f"job {job.key}: no throughput measured yet; holding {job.current_replicas} replicas "
+        "until the first measurement (no growth on the prior scaling curve alone)"
+    )
+
+
 def decision_message(
     reason: Reason,
     *,

@@ -29,7 +29,12 @@ import numpy as np
 from scheduler_policy.decision.allocate import Allocation, allocate
 from scheduler_policy.decision.budget import Budgets, QueueBudget, plan_budgets
 from scheduler_policy.decision.job_table import BoolArray, JobTable
-from scheduler_policy.decision.messages import DecisionBatch, DecisionContext, gang_fit_message
+from scheduler_policy.decision.messages import (
+    DecisionBatch,
+    DecisionContext,
+    gang_fit_message,
+    not_measured_message,
+)
 from scheduler_policy.decision.placement import GangFit
 from scheduler_policy.decision.reshape import Reshaped, reshape
 from scheduler_policy.decision.stabilize import Stabilized, stabilize
@@ -357,7 +362,8 @@ def _hold_stale(
     decisions: list[ScalingDecision],
     changes: list[ReplicaChange],
 ) -> None:
-    """Say ``HoldMetricsStale`` for each job with stale metrics that keeps its replicas.
+    """Say ``HoldMetricsStale`` (``HoldNotMeasured`` for a job never measured) for each job
+    with stale metrics that keeps its replicas.
 
     ``decisions`` (aligned with ``table.jobs``) and ``changes`` are updated in place. A stale
     job's other decisions stand: the shrinks its budget forces, a move into its bounds, and
@@ -368,12 +374,13 @@ def _hold_stale(
         reason = stale.get(job.key)
         if reason is None or decisions[i].changes:
             continue
+        code = Reason.HOLD_METRICS_STALE
         why = Sentence(stale_hold_message(job, reason))
+        if job.stale_reason is None:  # in ``stale`` for no throughput point at all (triage)
+            code, why = Reason.HOLD_NOT_MEASURED, Sentence(not_measured_message(job))
         decisions[i] = ScalingDecision(
-            job.key, job.current_replicas, job.current_replicas, Reason.HOLD_METRICS_STALE, why
+            job.key, job.current_replicas, job.current_replicas, code, why
         )
         at = where.get(job.key)
         if at is not None:  # a memory-only write
-            changes[at] = dataclasses.replace(
-                changes[at], reason=Reason.HOLD_METRICS_STALE, why=why
-            )
+            changes[at] = dataclasses.replace(changes[at], reason=code, why=why)

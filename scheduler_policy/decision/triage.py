@@ -6,7 +6,9 @@ budget can be trusted; a job whose own throughput is stale (``JobState.stale_rea
 planned for, so that its held GPUs count in its queue's budget and a shrink that budget forces
 (a pending gang) still reaches it, but the allocator gives it no growth and takes nothing from
 it for other jobs or for its own low efficiency (``stale`` below), and it otherwise holds with
-``HoldMetricsStale``.
+``HoldMetricsStale``. A job with no throughput point at all (never measured: its curve would
+be the prior's alone) is planned for the same way, and holds with ``HoldNotMeasured`` until its
+first measurement: growth on a guess would spend a restart on GPUs the job may not use.
 """
 
 from __future__ import annotations
@@ -40,12 +42,17 @@ class Triage(NamedTuple):
     Attributes:
         ready: running elastic jobs in managed queues, valid, to allocate for.
         held: a decision for each elastic job that is not planned for.
-        stale: the jobs of ``ready`` whose own metrics are stale, each with why.
+        stale: the jobs of ``ready`` whose own metrics are stale, or that were never measured
+            (``NOT_MEASURED``), each with why.
     """
 
     ready: list[JobState]
     held: list[ScalingDecision]
     stale: dict[JobKey, str]
+
+
+NOT_MEASURED = "no throughput measured yet"
+"""The ``stale`` entry of a job with no throughput point at all."""
 
 
 def stale_hold_message(job: JobState, reason: str) -> str:
@@ -93,5 +100,7 @@ def triage(observation: Observation, policy: ElasticPolicy) -> Triage:
             continue
         if job.stale_reason is not None:
             stale[job.key] = job.stale_reason
+        elif not job.throughput_history:
+            stale[job.key] = NOT_MEASURED
         ready.append(job)
     return Triage(ready, held, stale)

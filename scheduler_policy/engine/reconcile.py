@@ -69,6 +69,9 @@ def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> 
     # The Kubernetes API's nodes and pods, where the cluster gives them, are the exact free
     # GPUs now; the metrics' figure (kube-state-metrics through Prometheus) is the fallback.
     free_gpus = math.fsum(n.free_gpus for n in nodes) if nodes else sample.cluster_free_gpus
+    # So are the GPUs of its terminating pods (``tide engine`` reads no cluster figure from
+    # Prometheus at all).
+    releasing_gpus = cluster.releasing_gpus() if nodes else sample.releasing_gpus
     fresh = sample.fresh and math.isfinite(free_gpus)
     queues = []
     for queue in cluster.list_queues():
@@ -105,7 +108,7 @@ def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> 
         jobs=tuple(jobs),
         cluster_free_gpus=free_gpus,
         metrics_fresh=fresh,
-        releasing_gpus=sample.releasing_gpus,
+        releasing_gpus=releasing_gpus,
         nodes=nodes,
         pending_gangs=tuple(cluster.list_pending_gangs()),
     )

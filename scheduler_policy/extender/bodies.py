@@ -10,6 +10,10 @@ The TaskInfo's own fields are read strictly (a missing or ill-typed one is a ``B
 its path); what is read from the Pod (labels, annotations, grace period) is read leniently: a
 label tide cannot read makes the pod not tide's (no job, no index), it never refuses the request,
 so that one odd pod never costs the others their answer.
+
+Bodies are decoded by the typed structs of ``typed.py`` (msgspec: only the fields read here
+are decoded); a body or TaskInfo they do not take is read again by the standard decoder
+below, which defines what is refused and with what message.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from scheduler_policy.extender.scan import decode_body, gc_paused
+from scheduler_policy.extender.typed import NULL, split_body, task_info
 from scheduler_policy.vocabulary.errors import TideError
 from scheduler_policy.vocabulary.state import JobKey
 
@@ -143,6 +150,75 @@ def parse_eviction(raw: bytes, *, max_bytes: int = MAX_BODY_BYTES) -> EvictionRe
 
 
 def _read(raw: bytes) -> EvictionRequest:
+    """The body through the typed decoder (``typed.py``); what it does not take, through the
+    standard reader, whose errors name the fault and its path."""
+    try:
+        raw.decode("utf-8")  # msgspec does not check the text it skips
+        view = split_body(raw)
+    except (msgspec.MsgspecError, UnicodeDecodeError):  # the standard reader names the fault
+        return _read_standard(raw)
+    evictor = None if bytes(view.evictor) == NULL else _fast_task(view.evictor, "evictor")
+    evictees = tuple(
+        _fast_task(item, f"evictees[{i}]") for i, item in enumerate(view.evictees or ())
+    )
+    return EvictionRequest(evictor=evictor, evictees=evictees)
+
+
+def _fast_task(raw: msgspec.Raw, path: str) -> Task:
+    """One TaskInfo through the typed decoder; anything unusual through ``_task``, which names
+    the fault (or reads the odd Pod leniently)."""
+    try:
+        text = str(memoryview(raw), "utf-8")
+        info = task_info(raw)
+    except (msgspec.MsgspecError, UnicodeDecodeError):
+        return _standard_task(raw, path)
+    if not info.uid or info.podgroup is None or info.name is None or info.namespace is None:
+        return _standard_task(raw, path)
+    gpus = 0.0
+    if info.resreq is not None and info.resreq.scalars is not None:
+        milli = info.resreq.scalars.get(GPU_RESOURCE, 0.0)
+        if not math.isfinite(milli) or milli < 0:
+            return _standard_task(raw, path)
+        gpus = milli / _MILLI
+    labels: Mapping[str, str] = {}
+    annotations: Mapping[str, str] = {}
+    grace_period_s = DEFAULT_GRACE_PERIOD_S
+    pod = info.pod
+    if pod is not None:
+        if pod.metadata is not None:
+            labels = pod.metadata.labels or {}
+            annotations = pod.metadata.annotations or {}
+        if pod.spec is not None:
+            grace_period_s = _grace_period_s(pod.spec.grace)
+    return _make_task(
+        uid=info.uid,
+        podgroup=info.podgroup,
+        name=info.name,
+        namespace=info.namespace,
+        role=info.role or "",
+        node=info.node or "",
+        preemptable=info.preemptable,
+        gpus=gpus,
+        labels=labels,
+        annotations=annotations,
+        grace_period_s=grace_period_s,
+        text=text,
+    )
+
+
+def _standard_task(raw: msgspec.Raw, path: str) -> Task:
+    try:
+        text = str(memoryview(raw), "utf-8")
+        info = json.loads(text)
+    except RecursionError:
+        raise BodyError("body is not JSON: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, int too long
+        raise BodyError(f"body is not JSON: {_short(str(e))}") from None
+    return _task(info, path, text=text)
+
+
+def _read_standard(raw: bytes) -> EvictionRequest:
+    """The body through the standard decoder, every value checked with its path."""
     try:
         text = raw.decode("utf-8")
         document, texts = decode_body(text)
@@ -187,6 +263,38 @@ def _task(info: Any, path: str, *, text: str | None) -> Task:
     if pod is not None and not isinstance(pod, dict):
         raise BodyError(f"{path}.Pod: must be a Pod object, got {_kind(pod)}")
     labels, annotations, grace_period_s = _pod_fields(pod or {})
+    return _make_task(
+        uid=uid,
+        podgroup=podgroup,
+        name=name,
+        namespace=namespace,
+        role=role,
+        node=node,
+        preemptable=preemptable,
+        gpus=gpus,
+        labels=labels,
+        annotations=annotations,
+        grace_period_s=grace_period_s,
+        text=json.dumps(info) if text is None else text,
+    )
+
+
+def _make_task(
+    *,
+    uid: str,
+    podgroup: str,
+    name: str,
+    namespace: str,
+    role: str,
+    node: str,
+    preemptable: bool,
+    gpus: float,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    grace_period_s: float,
+    text: str,
+) -> Task:
+    """The Task of checked TaskInfo fields and the Pod's string labels and annotations."""
 
     def marked(key: str) -> str | None:
         return labels.get(key, annotations.get(key))
@@ -204,7 +312,7 @@ def _task(info: Any, path: str, *, text: str | None) -> Task:
         job=JobKey(f"{namespace}/{job_name}") if job_name else None,
         task_index=_index(marked(TASK_INDEX_LABEL)),
         grace_period_s=grace_period_s,
-        text=json.dumps(info) if text is None else text,
+        text=text,
     )
 
 
@@ -244,13 +352,17 @@ def _pod_fields(pod: dict[str, Any]) -> tuple[dict[str, str], dict[str, str], fl
     metadata = metadata if isinstance(metadata, dict) else {}
     spec = pod.get("spec")
     spec = spec if isinstance(spec, dict) else {}
-    grace = spec.get("terminationGracePeriodSeconds")
-    grace_period_s = DEFAULT_GRACE_PERIOD_S
+    grace_period_s = _grace_period_s(spec.get("terminationGracePeriodSeconds"))
+    return _strings(metadata.get("labels")), _strings(metadata.get("annotations")), grace_period_s
+
+
+def _grace_period_s(grace: Any) -> float:
+    """``terminationGracePeriodSeconds`` when a finite number >= 0, else Kubernetes' default."""
     if isinstance(grace, (int, float)) and not isinstance(grace, bool):
         value = _finite(grace)
         if value is not None and value >= 0:
-            grace_period_s = value
-    return _strings(metadata.get("labels")), _strings(metadata.get("annotations")), grace_period_s
+            return value
+    return DEFAULT_GRACE_PERIOD_S
 
 
 def _finite(number: float) -> float | None:

@@ -98,6 +98,10 @@ class FakeCluster:
         """See base class."""
         return tuple(self.pending_gangs)
 
+    def releasing_gpus(self) -> float:
+        """See base class: ``terminating_gpus`` (also what the metrics report)."""
+        return self.terminating_gpus
+
     def job(self, key: JobKey) -> JobState:
         """The job as the cluster holds it now, its memory read from its annotation."""
         job = self._jobs[key]

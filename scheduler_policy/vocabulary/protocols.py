@@ -115,6 +115,11 @@ class ClusterClient(Protocol):
         """Return the PodGroups of non-elastic work that wait for GPUs, oldest first."""
         ...
 
+    def releasing_gpus(self) -> float:
+        """Return the GPUs held by terminating pods bound to a node (they come free shortly);
+        0.0 when not known. Read where ``list_nodes`` gives nodes, as the free GPUs are."""
+        ...
+
     def apply(self, change: ReplicaChange) -> None:
         """Write one change.
 

@@ -329,6 +329,7 @@ class Reason(str, enum.Enum):
     COOLDOWN = "Cooldown"
     STABILIZATION_WINDOW = "StabilizationWindow"
     HOLD_METRICS_STALE = "HoldMetricsStale"
+    HOLD_NOT_MEASURED = "HoldNotMeasured"
     INVALID_JOB_SPEC = "InvalidJobSpec"
     NOT_ELASTIC = "NotElastic"
     NOT_RUNNING = "NotRunning"

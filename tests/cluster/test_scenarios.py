@@ -345,6 +345,9 @@ class WriterInBetween:
     def list_pending_gangs(self):  # type: ignore[no-untyped-def]
         return self.inner.list_pending_gangs()
 
+    def releasing_gpus(self) -> float:
+        return self.inner.releasing_gpus()
+
     def apply(self, change: ReplicaChange) -> None:
         if change.job not in self.written:
             self.write(change.job)

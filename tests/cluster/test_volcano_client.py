@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,8 +28,9 @@ from scheduler_policy.adapters.volcano import (
     VolcanoClient,
     from_kubeconfig,
 )
+from scheduler_policy.engine.reconcile import observe
 from scheduler_policy.vocabulary.errors import ConflictError
-from scheduler_policy.vocabulary.protocols import ReplicaChange
+from scheduler_policy.vocabulary.protocols import MetricsSample, ReplicaChange
 from scheduler_policy.vocabulary.state import (
     JobKey,
     JobMemory,
@@ -216,6 +218,36 @@ def test_lists_read_what_was_created(world, watch):
         assert gang.since_s is not None and abs(gang.since_s - time.time()) < 120
         assert client.list_nodes() == [NodeState(world.node, 8.0, 4.0)]
         assert client.releasing_gpus() == 4.0
+    finally:
+        client.stop()
+
+
+class NoClusterFigures:
+    """The metrics ``tide engine`` reads (``PrometheusSource(cluster_figures=False)``): no free
+    GPUs and no releasing GPUs of its own."""
+
+    def sample(self, *, now_s: float) -> MetricsSample:
+        return MetricsSample(fresh=True, cluster_free_gpus=math.nan)
+
+
+@pytest.mark.parametrize("watch", [True, False], ids=["watching", "listing"])
+def test_observe_counts_a_terminating_pods_gpus_as_releasing(world, watch):
+    world.job("a", replicas=2)
+    world.running("a")
+    world.pod("a", 0, node=world.node)
+    # On a node KWOK does not manage (it would finish the deletion) nor the client lists.
+    leaving = world.pod("a", 1, node=f"{world.node}-gone", gpus=2, finalizer=True)
+    client = world.client(watch=watch)
+    client.start()
+    assert client.wait_synced(WAIT_S)
+    try:
+        before = observe(metrics=NoClusterFigures(), cluster=client, now_s=time.time())
+        assert (before.cluster_free_gpus, before.releasing_gpus) == (7.0, 0.0)
+        # The finalizer keeps the pod, now with a deletionTimestamp, on its node: terminating.
+        world.core.delete_namespaced_pod(leaving, world.ns)
+        wait_for("the deletion", lambda: client.releasing_gpus() == 2.0)
+        after = observe(metrics=NoClusterFigures(), cluster=client, now_s=time.time())
+        assert (after.cluster_free_gpus, after.releasing_gpus) == (7.0, 2.0)
     finally:
         client.stop()
 

@@ -6,10 +6,17 @@ import dataclasses
 
 import pytest
 
-from scheduler_policy.engine.reconcile import reconcile
+from scheduler_policy.engine.reconcile import observe, reconcile
 from scheduler_policy.models.cache import ModelCache
 from scheduler_policy.testing.fake import FakeCluster
-from scheduler_policy.vocabulary.state import JobKey, JobPhase, QueueName, Reason, ThroughputPoint
+from scheduler_policy.vocabulary.state import (
+    JobKey,
+    JobPhase,
+    NodeState,
+    QueueName,
+    Reason,
+    ThroughputPoint,
+)
 from tests.scheduler_policy.builders import (
     NOW_S,
     make_job,
@@ -394,3 +401,27 @@ def test_non_finite_queue_figures_hold_every_job():
     result = run(cluster, make_policy())
     assert not result.observation.metrics_fresh
     assert [d.reason for d in result.decisions] == [Reason.HOLD_METRICS_STALE]
+
+
+class Releasing(FakeCluster):
+    """A cluster whose API reports ``api_releasing_gpus`` of terminating pods, while its
+    metrics report ``terminating_gpus``."""
+
+    api_releasing_gpus = 0.0
+
+    def releasing_gpus(self) -> float:
+        return self.api_releasing_gpus
+
+
+RELEASING = {
+    "nodes-known-the-apis-terminating-pods-count": ((NodeState("n0", 8.0, 2.0),), 3.0),
+    "no-nodes-the-metrics-figure-counts": ((), 5.0),
+}
+
+
+@pytest.mark.parametrize(("nodes", "expected"), RELEASING.values(), ids=RELEASING.keys())
+def test_releasing_gpus_come_from_where_the_free_gpus_come_from(nodes, expected):
+    cluster = Releasing(dataclasses.replace(make_observation(make_job("a")), nodes=nodes))
+    cluster.terminating_gpus, cluster.api_releasing_gpus = 5.0, 3.0
+    observation = observe(metrics=cluster, cluster=cluster, now_s=NOW_S)
+    assert observation.releasing_gpus == expected

@@ -100,6 +100,10 @@ class DryRunCluster:
         """See base class."""
         return self.cluster.list_pending_gangs()
 
+    def releasing_gpus(self) -> float:
+        """See base class."""
+        return self.cluster.releasing_gpus()
+
     def apply(self, change: ReplicaChange) -> None:
         """See base class. Writes nothing: logs the change and records it."""
         self.recorded.append(change)
