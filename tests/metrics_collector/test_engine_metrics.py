@@ -132,6 +132,13 @@ def test_forecast_and_its_coverage_are_exported_when_scored() -> None:
     assert value(registry, "tide_queue_headroom_gpus", queue_name="q") == pytest.approx(forecast)
     coverage = value(registry, "tide_forecast_coverage_ratio", queue_name="q")
     assert coverage is not None and 0 <= coverage <= 1
+    # Which forecast the headroom follows, and each candidate's held-out pinball loss.
+    served = {m: value(registry, "tide_forecast_model", queue_name="q", model=m)
+              for m in ("model", "recent_peak")}  # fmt: skip
+    assert sorted(served.values()) == [0.0, 1.0]
+    for model in ("model", "recent_peak"):
+        loss = value(registry, "tide_forecast_pinball_gpus", queue_name="q", model=model)
+        assert loss is not None and loss >= 0
 
 
 def test_names_follow_the_conventions() -> None:
