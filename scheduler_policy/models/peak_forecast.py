@@ -16,6 +16,7 @@ its second half, and the offset kept is the one from the whole window.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -25,6 +26,7 @@ import numpy.typing as npt
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.ensemble import HistGradientBoostingRegressor
 from sklearn.utils.validation import check_array, check_is_fitted, column_or_1d
+from threadpoolctl import ThreadpoolController  # type: ignore[import-untyped]  # no stubs
 
 from scheduler_policy.models.demand_grid import (
     DemandGrid,
@@ -35,11 +37,25 @@ from scheduler_policy.models.demand_grid import (
     resample,
     target,
 )
-from scheduler_policy.models.forecast import _one_openmp_thread
 from scheduler_policy.vocabulary.errors import ModelFitError
 from scheduler_policy.vocabulary.state import DemandPoint
 
 _COVERED_EPS = 1e-9
+_MODEL_MARGIN = 0.03  # the model serves only when its held-out pinball is 3% below
+
+
+@functools.cache
+def _threadpools() -> Any:
+    """The process's thread pools, found once: finding them reads ``/proc/self/maps``, which at
+    every prediction cost more than the prediction (scikit-learn's OpenMP runtime is loaded by
+    the import above, so it is among them)."""
+    return ThreadpoolController()
+
+
+def _one_openmp_thread() -> Any:
+    """A context in which OpenMP runs one thread: on a shared two-core machine more threads
+    spin against each other, and a fit can take ten times as long."""
+    return _threadpools().limit(limits=1, user_api="openmp")
 
 
 class ForecastChoice(enum.Enum):
@@ -116,8 +132,8 @@ class PeakForecaster(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # sk
         horizon_s: float = 1800.0,
         step_s: float = 60.0,
         target: str = "peak",
-        calibration_s: float = 2 * 86400.0,
-        max_train_rows: int = 5000,
+        calibration_s: float = 4 * 86400.0,
+        max_train_rows: int = 4000,
         min_train_rows: int = 500,
         random_state: int = 0,
     ) -> None:
@@ -270,7 +286,9 @@ class PeakForecaster(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # sk
             scores[name] = pinball(actual[second], np.maximum(forecast[second] + shift, 0.0), q)
         self.holdout_pinball_ = scores
         hours = window.size * grid.step_s / 3600
-        if scores["model"] < scores["recent_peak"]:
+        # The model must win clearly: on a day or two of held-out data a small edge is noise,
+        # and the recent peak is the forecast people can check by eye.
+        if scores["model"] < (1.0 - _MODEL_MARGIN) * scores["recent_peak"]:
             self.model_ = model
             self.offset_gpus_ = conformal_offset(actual - model_forecast, q)
             served = np.maximum(model_forecast + self.offset_gpus_, 0.0)
@@ -280,7 +298,7 @@ class PeakForecaster(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # sk
             self.offset_gpus_ = conformal_offset(actual - fallback[window], q)
             served = np.maximum(fallback[window] + self.offset_gpus_, 0.0)
             choice = ForecastChoice.RECENT_PEAK
-            verdict = "does not beat"
+            verdict = "does not beat by 3%"
         self.holdout_coverage_ = coverage(actual[second], served[second])
         return self._serve(
             choice,
@@ -308,7 +326,7 @@ class PeakForecaster(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # sk
         leaf = max(20, change.size // 200)
         mean = HistGradientBoostingRegressor(
             loss="squared_error",
-            max_iter=80,
+            max_iter=60,
             learning_rate=0.1,
             max_leaf_nodes=15,
             min_samples_leaf=leaf,
@@ -319,7 +337,7 @@ class PeakForecaster(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # sk
         margin = HistGradientBoostingRegressor(
             loss="quantile",
             quantile=float(self.quantile),
-            max_iter=80,
+            max_iter=60,
             learning_rate=0.1,
             max_leaf_nodes=15,
             min_samples_leaf=leaf,

@@ -33,8 +33,8 @@ def batch_history(days: int) -> tuple[DemandPoint, ...]:
 
 @pytest.mark.parametrize(
     ("days", "served"),
-    [(4, "learned model"), (1, "recent peak")],
-    ids=["learned-on-four-days", "one-day-too-short"],
+    [(7, "learned model"), (2, "recent peak")],
+    ids=["learned-on-a-week", "two-days-too-short"],
 )
 def test_the_plan_says_which_forecast_the_headroom_follows(days: int, served: str) -> None:
     policy = make_policy()

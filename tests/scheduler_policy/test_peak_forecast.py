@@ -3,6 +3,8 @@ says why; its features read no future; its forecast is finite and never negative
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -18,6 +20,7 @@ from scheduler_policy.models.peak_forecast import (
     coverage,
 )
 from scheduler_policy.vocabulary.state import DemandPoint
+from simulations.demand_series import read_helios
 
 START_S = 1_600_000_000.0
 DAY_S = 86400.0
@@ -61,7 +64,7 @@ def regime_change() -> np.ndarray:
 
 
 def test_a_falling_series_forecasts_a_fall() -> None:
-    gpus = batch_jobs(6)
+    gpus = batch_jobs(8)
     model = fitted(gpus, quantile=0.9, horizon_s=1800.0, target="point")
     assert model.choice_ is ForecastChoice.MODEL, model.reason_
     # 40 minutes into a 60-minute job: in 30 minutes it has ended, and the model knows it.
@@ -72,7 +75,7 @@ def test_a_falling_series_forecasts_a_fall() -> None:
 
 
 def test_the_peak_forecast_drops_once_a_job_ended_while_the_recent_peak_holds() -> None:
-    gpus = batch_jobs(6)
+    gpus = batch_jobs(8)
     model = fitted(gpus, quantile=0.9, horizon_s=1800.0)
     assert model.choice_ is ForecastChoice.MODEL, model.reason_
     origin = gpus.size - 120 * 3 + 65  # 5 minutes after a job ended; the next starts at 120
@@ -198,3 +201,22 @@ def test_forecast_is_finite_and_never_negative(
     ).fit_grid(grid, end=grid.size)
     forecast = model.predict_index(np.arange(grid.size))
     assert np.all(np.isfinite(forecast)) and np.all(forecast >= 0.0)
+
+
+HELIOS = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "helios-artifact"
+
+
+@pytest.mark.parametrize("vc", ["vc3sl", "vccaA"], ids=["vc3sl", "vccaA"])
+def test_a_busy_helios_queue_is_fitted_and_covers_near_q(vc: str) -> None:
+    path = HELIOS / "earth_vcs" / vc / "cluster_sequence_vc.csv"
+    if not path.exists():
+        pytest.skip(f"{path} not found: the Helios sequences live in ../shared")
+    name, grid = read_helios(path)
+    model = PeakForecaster(quantile=0.9).fit_grid(grid, end=20 * 1440)
+    assert name == vc and model.holdout_coverage_ is not None
+    assert set(model.holdout_pinball_) == {"model", "recent_peak"}
+    assert model.reason_.startswith(("learned model", "recent peak"))
+    # The ten days after the fit, unseen.
+    origins = np.arange(20 * 1440, 30 * 1440, 10)
+    actual = target(grid, horizon_steps=30, kind=Target.PEAK)[origins]
+    assert 0.85 <= coverage(actual, model.predict_index(origins)) <= 0.96
