@@ -72,10 +72,11 @@ def test_a_tide_trace_gives_one_series_per_queue(tmp_path: Path) -> None:
     trace.write_text("\n".join(rows) + "\n")
     out = tmp_path / "scores.json"
     args = ["forecast", "evaluate", str(trace), "--format", "tide", "--horizons", "1800",
-         "--test-days", "1", "--json", str(out)]  # fmt: skip
+         "--test-days", "1", "--json", str(out), "--plot", str(tmp_path / "f.png")]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert {r["series"] for r in json.loads(out.read_text())} == {"jobs/batch", "jobs/dev"}
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.parametrize(
