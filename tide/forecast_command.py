@@ -150,7 +150,7 @@ def register(app: typer.Typer) -> None:
         plot_forecasts: Callable[[Sequence[ForecastTrace], Path], None] | None = None
         if plot is not None:
             try:
-                from simulations.forecast_plots import plot_forecasts
+                from simulations.plots import plot_forecasts
             except ImportError as e:
                 print_error(ValueError(f"--plot needs matplotlib: pip install 'tide[plots]' ({e})"))
                 raise typer.Exit(1) from e
