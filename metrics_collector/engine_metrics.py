@@ -18,7 +18,10 @@ Exported:
   plus forecast).
 - ``tide_scaling_model_relative_error_ratio{namespace, volcano_job}``: mean relative error of each
   fitted scaling model over its points; ``tide_forecast_coverage_ratio{queue_name}``: the share
-  of held-out peaks each queue's forecast covered (only when the cache scores forecasts).
+  of held-out peaks each queue's served forecast covered;
+  ``tide_forecast_pinball_gpus{queue_name, model}``: the held-out pinball loss of each candidate
+  (``model``, ``recent_peak``) on the queue's recent history; ``tide_forecast_model{queue_name,
+  model}``: 1 for the candidate the queue's headroom follows, 0 for the other.
 - ``tide_reconcile_duration_seconds``: histogram of reconcile durations, failures included.
 - ``tide_reconcile_failures_total``: reconciles that raised.
 - ``tide_last_reconcile_timestamp_seconds``: when the last successful reconcile finished.
@@ -181,7 +184,25 @@ class EngineMetrics(Collector):
             )
             for name, value in sorted(accuracy.forecast_coverage.items()):
                 coverage.add_metric([name], value)
-            families += [error, coverage]
+            pinball = GaugeMetricFamily(
+                "tide_forecast_pinball_gpus",
+                "Held-out pinball loss of each queue's forecast candidates (the learned model "
+                "and the recent peak), on its most recent history.",
+                labels=[*queue_labels, "model"],
+            )
+            for name, losses in sorted(accuracy.forecast_pinball_gpus.items()):
+                for model, loss in sorted(losses.items()):
+                    pinball.add_metric([name, model], loss)
+            served = GaugeMetricFamily(
+                "tide_forecast_model",
+                "1 for the forecast each queue's headroom follows (model: learned, "
+                "recent_peak: the fallback), 0 for the other.",
+                labels=[*queue_labels, "model"],
+            )
+            for name, choice in sorted(accuracy.forecast_choice.items()):
+                for model in ("model", "recent_peak"):
+                    served.add_metric([name, model], 1.0 if model == choice else 0.0)
+            families += [error, coverage, pinball, served]
             families.append(
                 GaugeMetricFamily(
                     "tide_last_reconcile_timestamp_seconds",

@@ -1,4 +1,5 @@
-"""Plots of a comparison: JCT CDF, utilization over time, replicas of some jobs (Agg backend).
+"""Plots of a comparison: JCT CDF, utilization over time, replicas of some jobs (Agg backend);
+and of headroom forecasts against the actual demand (``plot_forecasts``).
 
 Six policies on one workload often draw the same line (a baseline that never rescales matches
 ``static`` where nothing waits), and the last one drawn hides the others. So every policy has
@@ -20,6 +21,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib import ticker
 
+from scheduler_policy.models.forecast_eval import ForecastTrace
 from simulations.report import summarize
 from simulations.run import SimResult
 
@@ -169,3 +171,41 @@ def _save(fig: Any, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+_FORECASTS_SHOWN = ("tide", "recent_peak", "persistence_residual")
+
+
+def plot_forecasts(traces: Sequence[ForecastTrace], path: Path) -> None:
+    """One panel per trace: the actual target, tide's forecast and the two naive quantile ones.
+
+    Args:
+        traces: what to draw, one panel each (at least one).
+        path: the image to write (its suffix picks the format).
+
+    Raises:
+        OSError: the image cannot be written.
+    """
+    figure, axes = plt.subplots(len(traces), 1, figsize=(11, 2.6 * len(traces)), squeeze=False)
+    for ax, trace in zip(axes[:, 0], traces, strict=True):
+        hours = (trace.times_s - trace.times_s[0]) / 3600.0
+        ax.plot(hours, trace.actual, color="black", linewidth=1.0, label="actual")
+        for index, model in enumerate(_FORECASTS_SHOWN):
+            ax.plot(
+                hours,
+                trace.forecasts[model],
+                color=f"C{index}",
+                linewidth=1.6 if model == "tide" else 0.9,
+                linestyle="-" if model == "tide" else "--",
+                label=model,
+            )
+        ax.set_title(
+            f"{trace.series}: {trace.target} demand over {trace.horizon_s / 60:.0f} min",
+            fontsize=9,
+        )
+        ax.set_ylabel("GPUs")
+        ax.legend(fontsize=7, loc="upper right")
+    axes[-1, 0].set_xlabel("hours into the test window")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

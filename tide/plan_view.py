@@ -33,6 +33,8 @@ class QueueView:
             quantile; 0 when the policy sets no ``forecastQuantile`` or there is no history.
         forecast_quantile: the policy's ``headroom.forecastQuantile``; None for none.
         forecast_horizon_s: how far ahead the forecast looks.
+        forecast_reason: which forecast it follows (learned model or recent peak) and why;
+            "" without a forecast.
     """
 
     queue: QueueName
@@ -45,6 +47,7 @@ class QueueView:
     forecast_gpus: float
     forecast_quantile: float | None
     forecast_horizon_s: float
+    forecast_reason: str = ""
 
 
 def queue_views(observation: Observation, policy: ElasticPolicy, plan: Plan) -> list[QueueView]:
@@ -77,6 +80,7 @@ def queue_views(observation: Observation, policy: ElasticPolicy, plan: Plan) -> 
                 forecast_gpus=forecasts.get(queue.name, 0.0),
                 forecast_quantile=queue_policy.headroom.forecast_quantile,
                 forecast_horizon_s=queue_policy.headroom.horizon_s,
+                forecast_reason=plan.forecast_reasons.get(queue.name, ""),
             )
         )
     return views
@@ -150,6 +154,7 @@ def plan_document(plan: Plan, queues: list[QueueView]) -> dict[str, object]:
                     "forecast_gpus": q.forecast_gpus,
                     "forecast_quantile": q.forecast_quantile,
                     "forecast_horizon_s": q.forecast_horizon_s,
+                    "forecast_reason": q.forecast_reason,
                 },
             }
             for q in queues

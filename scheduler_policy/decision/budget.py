@@ -52,6 +52,8 @@ class QueueBudget:
         pending_gpus: GPUs the queue's pending work needs to start, plus what other queues'
             pending work needs back from this queue's borrowed GPUs.
         headroom_gpus: GPUs kept free for forecast demand and the fixed headroom.
+        forecast_reason: which forecast the headroom follows and why, a sentence; "" without
+            a forecast.
     """
 
     queue: QueueName
@@ -60,6 +62,7 @@ class QueueBudget:
     held_nonelastic_gpus: float
     pending_gpus: float
     headroom_gpus: float
+    forecast_reason: str = ""
 
     def shrink_reason(self) -> Reason:
         """The reason to give a job of this queue that must shrink to fit the budget."""
@@ -91,6 +94,7 @@ class _Tally:
         managed: each queue of the observation that the policy manages, with its policy.
         pending: GPUs each queue's pending work needs (``pending_gpus``).
         forecast_gpus: forecast peak non-elastic demand per queue.
+        forecast_reasons: per queue, which forecast it follows and why.
         held_nonelastic: GPUs each queue's non-elastic work holds (held elastic jobs included).
         held_elastic: GPUs each queue's planned elastic jobs hold (replicas waiting hold none).
         used: per borrowing queue, GPUs it holds in all.
@@ -114,6 +118,7 @@ class _Tally:
     free_gpus: float
     short: bool
     needs: tuple[npt.NDArray[np.float64], npt.NDArray[np.object_]]
+    forecast_reasons: Mapping[QueueName, str]
 
 
 def _tally(
@@ -122,6 +127,7 @@ def _tally(
     *,
     table: JobTable,
     forecast_gpus: Mapping[QueueName, float],
+    forecast_reasons: Mapping[QueueName, str],
 ) -> _Tally:
     """Sum the observation's jobs per queue, once per decision (see ``_Tally``)."""
     pending = pending_gpus(observation)
@@ -178,6 +184,7 @@ def _tally(
         free_gpus=max(0.0, observation.cluster_free_gpus),
         short=short,
         needs=needs,
+        forecast_reasons=forecast_reasons,
     )
 
 
@@ -248,6 +255,7 @@ def _queue_budgets(
             held_nonelastic_gpus=held_q,
             pending_gpus=claimed,
             headroom_gpus=headroom,
+            forecast_reason=tally.forecast_reasons.get(queue.name, ""),
         )
     return budgets
 
@@ -301,6 +309,7 @@ def plan_budgets(
     *,
     table: JobTable,
     forecast_gpus: Mapping[QueueName, float],
+    forecast_reasons: Mapping[QueueName, str] | None = None,
 ) -> Budgets:
     """The budgets phase: every budget of one decision, in one value.
 
@@ -309,11 +318,18 @@ def plan_budgets(
         policy: the policy in force.
         table: the jobs the allocator plans for (their GPUs are not counted as non-elastic).
         forecast_gpus: forecast peak non-elastic demand per queue (the fit phase's).
+        forecast_reasons: per queue, which forecast it follows and why (the fit phase's).
 
     Returns:
         The budgets, before anything is known of what the queues give back this round.
     """
-    tally = _tally(observation, policy, table=table, forecast_gpus=forecast_gpus)
+    tally = _tally(
+        observation,
+        policy,
+        table=table,
+        forecast_gpus=forecast_gpus,
+        forecast_reasons=forecast_reasons or {},
+    )
     queues = _queue_budgets(tally, released=None)
     # Headroom is kept free of every queue's growth, not only its own queue's: a borrowing
     # queue would otherwise take the GPUs a non-elastic queue keeps for its coming work.

@@ -109,7 +109,8 @@ def decision_message(
             f"giving back replicas gracefully before Volcano's reclaim would kill them"
         )
     if reason is Reason.SHRINK_FOR_HEADROOM:
-        return f"{queue} keeps {_gpus(budget.headroom_gpus)} GPU(s) of headroom for its demand"
+        kept = f"{queue} keeps {_gpus(budget.headroom_gpus)} GPU(s) of headroom for its demand"
+        return f"{kept}; its forecast: {budget.forecast_reason}" if budget.forecast_reason else kept
     if reason is Reason.SHRINK_OVER_BUDGET:
         return (
             f"{queue}'s elastic jobs hold more than its budget of "

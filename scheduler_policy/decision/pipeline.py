@@ -71,6 +71,7 @@ class Plan:
             was planned for.
         budgets: each managed queue's budget as the decisions used it (the last pass's).
         forecast_gpus: each managed queue's forecast peak non-elastic demand, GPUs.
+        forecast_reasons: per queue with a forecast, which forecast it follows and why.
         gangs: per pending gang, oldest first, whether its pods fit the nodes after the
             targets and what that took (``gang_fit_message`` says it); empty when placement
             is unknown or no gang waits.
@@ -81,6 +82,7 @@ class Plan:
     passes: int = 0
     budgets: Mapping[QueueName, QueueBudget] = field(default_factory=dict)
     forecast_gpus: Mapping[QueueName, float] = field(default_factory=dict)
+    forecast_reasons: Mapping[QueueName, str] = field(default_factory=dict)
     gangs: tuple[GangFit, ...] = ()
 
 
@@ -120,7 +122,13 @@ def decide(observation: Observation, policy: ElasticPolicy, *, fits: Fits) -> Pl
         queue_names=sorted({q.name for q in observation.queues} & {q.name for q in policy.queues}),
         default_restart_cost_s=policy.defaults.restart_cost_s,
     )
-    budgets = plan_budgets(observation, policy, table=table, forecast_gpus=fits.forecast_gpus)
+    budgets = plan_budgets(
+        observation,
+        policy,
+        table=table,
+        forecast_gpus=fits.forecast_gpus,
+        forecast_reasons=fits.forecast_reasons,
+    )
     stale_rows = (
         np.fromiter((job.key in stale for job in table.jobs), dtype=bool, count=len(table.jobs))
         if stale
@@ -150,6 +158,7 @@ def decide(observation: Observation, policy: ElasticPolicy, *, fits: Fits) -> Pl
         passes=passes,
         budgets=dict(settled.budgets.queues),
         forecast_gpus=dict(fits.forecast_gpus),
+        forecast_reasons=dict(fits.forecast_reasons),
         gangs=reshaped.gangs if reshaped is not None else (),
     )
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from scheduler_policy.models.curve import JobCurve
-from scheduler_policy.models.forecast import DemandForecaster
+from scheduler_policy.models.peak_forecast import PeakForecaster
 from scheduler_policy.models.scaling import ScalingModel
 from scheduler_policy.policy.spec import ElasticPolicy, Headroom
 from scheduler_policy.vocabulary.errors import ModelFitError
@@ -42,11 +42,14 @@ class Fits:
         failures: the jobs whose fit failed, each with a sentence naming the job and the error;
             ``decide`` holds them.
         forecast_gpus: each managed queue's forecast peak non-elastic demand, GPUs.
+        forecast_reasons: per queue with a forecast, which forecast it serves and why (the
+            held-out score that picked the learned model or the recent peak), a sentence.
     """
 
     curves: Mapping[JobKey, JobCurve]
     failures: Mapping[JobKey, str] = field(default_factory=dict)
     forecast_gpus: Mapping[QueueName, float] = field(default_factory=dict)
+    forecast_reasons: Mapping[QueueName, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -62,7 +65,8 @@ class _FittedForecast:
     fitted_at_s: float
     quantile: float
     horizon_s: float
-    forecaster: DemandForecaster | None  # None: the fit failed; no headroom until the next
+    forecaster: PeakForecaster | None  # None: the fit failed; no headroom until the next
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +77,20 @@ class ModelAccuracy:
         scaling_relative_error: per fitted job, its scaling model's mean relative error over
             the points it was fitted to (``ScalingModel.relative_error_``).
         forecast_coverage: per queue whose forecaster was scored on held-out history, the
-            fraction of held-out peaks at or below the forecast (``DemandForecaster.coverage_``;
-            only with ``ModelCache.forecast_holdout``).
+            fraction of held-out peaks at or below the served forecast
+            (``PeakForecaster.holdout_coverage_``).
         forecast_gpus: per queue, the latest forecast peak demand.
+        forecast_pinball_gpus: per queue scored on held-out history, each candidate's
+            held-out pinball loss ("model", "recent_peak"), GPUs.
+        forecast_choice: per queue with a forecaster, the forecast it serves ("model" or
+            "recent_peak").
     """
 
     scaling_relative_error: dict[JobKey, float]
     forecast_coverage: dict[QueueName, float]
     forecast_gpus: dict[QueueName, float]
+    forecast_pinball_gpus: dict[QueueName, dict[str, float]] = field(default_factory=dict)
+    forecast_choice: dict[QueueName, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -91,8 +101,8 @@ class ModelCache:
         refit_s: least time between two refits when nothing new was measured.
         curve_fits: scaling-model fits done so far.
         forecast_fits: forecaster fits done so far.
-        forecast_holdout: also score each forecaster on its history's last day (a second fit)
-            so that ``accuracy`` reports its coverage.
+        forecast_holdout: kept for callers of the earlier forecaster; every forecaster is now
+            scored on its recent history (the same fit), so this changes nothing.
     """
 
     refit_s: float = 600.0
@@ -139,7 +149,12 @@ class ModelCache:
             for queue in observation.queues
             if queue.name in managed
         }
-        return Fits(curves=curves, failures=failures, forecast_gpus=forecasts)
+        reasons = {
+            name: self._forecasts[name].reason for name in forecasts if name in self._forecasts
+        }
+        return Fits(
+            curves=curves, failures=failures, forecast_gpus=forecasts, forecast_reasons=reasons
+        )
 
     def curve(self, job: JobState, *, now_s: float) -> JobCurve:
         """The job's scaling curve, refitted only when something new was measured.
@@ -202,16 +217,12 @@ class ModelCache:
             or cached.quantile != quantile
             or cached.horizon_s != headroom.horizon_s
         ):
-            forecaster: DemandForecaster | None
+            forecaster: PeakForecaster | None
             try:
-                # The engine reads the forecast only: no held-out score (a second fit)
-                # unless asked for.
-                forecaster = DemandForecaster.from_points(
-                    queue.demand_history,
-                    quantile=quantile,
-                    horizon_s=headroom.horizon_s,
-                    holdout=self.forecast_holdout,
-                )
+                forecaster = PeakForecaster(
+                    quantile=quantile, horizon_s=headroom.horizon_s
+                ).fit_points(queue.demand_history)
+                reason = forecaster.reason_
             except (ModelFitError, ValueError) as e:
                 # Remembered like a fit, so the next try (and warning) waits for the refit time.
                 logger.warning(
@@ -220,8 +231,9 @@ class ModelCache:
                     e,
                 )
                 forecaster = None
+                reason = f"no forecast until the next refit: {e}"
             self.forecast_fits += 1
-            cached = _FittedForecast(now_s, quantile, headroom.horizon_s, forecaster)
+            cached = _FittedForecast(now_s, quantile, headroom.horizon_s, forecaster, reason)
             self._forecasts[queue.name] = cached
         if cached.forecaster is None:
             self._last_forecast[queue.name] = 0.0
@@ -232,14 +244,24 @@ class ModelCache:
 
     def accuracy(self) -> ModelAccuracy:
         """The cached models' own accuracy and the latest forecasts (no fit is done)."""
-        coverage = {}
+        coverage: dict[QueueName, float] = {}
+        pinball: dict[QueueName, dict[str, float]] = {}
+        choice: dict[QueueName, str] = {}
         for name, fitted in self._forecasts.items():
-            if fitted.forecaster is not None and fitted.forecaster.coverage_ is not None:
-                coverage[name] = float(fitted.forecaster.coverage_)
+            forecaster = fitted.forecaster
+            if forecaster is None:
+                continue
+            choice[name] = forecaster.choice_.value
+            if forecaster.holdout_coverage_ is not None:
+                coverage[name] = float(forecaster.holdout_coverage_)
+            if forecaster.holdout_pinball_:
+                pinball[name] = dict(forecaster.holdout_pinball_)
         return ModelAccuracy(
             scaling_relative_error={k: c.relative_error for k, c in self._curves.items()},
             forecast_coverage=coverage,
             forecast_gpus=dict(self._last_forecast),
+            forecast_pinball_gpus=pinball,
+            forecast_choice=choice,
         )
 
     def forget(self, keep: set[JobKey]) -> None:

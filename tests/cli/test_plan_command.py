@@ -75,6 +75,7 @@ def test_plan_json_carries_the_queues_budgets_headroom_and_forecast() -> None:
         assert 0 <= queue["elastic_budget_gpus"] <= queue["limit_gpus"]
         assert queue["headroom_gpus"] >= queue["headroom"]["fixed_gpus"]
         assert set(queue["headroom"]) == {
-            "fixed_gpus", "forecast_gpus", "forecast_quantile", "forecast_horizon_s"
+            "fixed_gpus", "forecast_gpus", "forecast_quantile", "forecast_horizon_s",
+            "forecast_reason",
         }  # fmt: skip
         assert queue["headroom"]["forecast_gpus"] >= 0

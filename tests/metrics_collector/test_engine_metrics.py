@@ -114,10 +114,10 @@ def test_counters_add_up_and_gauges_follow_the_latest_round() -> None:
 def test_forecast_and_its_coverage_are_exported_when_scored() -> None:
     registry = CollectorRegistry()
     metrics = EngineMetrics(registry)
-    # Three days of a daily pattern at a 5 min step: enough to hold the last day out.
+    # Six days of a daily pattern at a 5 min step: enough to hold the last four out.
     history = tuple(
-        DemandPoint(NOW_S - 3 * 86400 + 300 * i, 4.0 + 4.0 * math.sin(2 * math.pi * i / 288))
-        for i in range(3 * 288)
+        DemandPoint(NOW_S - 6 * 86400 + 300 * i, 4.0 + 4.0 * math.sin(2 * math.pi * i / 288))
+        for i in range(6 * 288)
     )
     policy = make_policy()
     policy = replace(policy, queues=(replace(policy.queues[0],
@@ -132,6 +132,13 @@ def test_forecast_and_its_coverage_are_exported_when_scored() -> None:
     assert value(registry, "tide_queue_headroom_gpus", queue_name="q") == pytest.approx(forecast)
     coverage = value(registry, "tide_forecast_coverage_ratio", queue_name="q")
     assert coverage is not None and 0 <= coverage <= 1
+    # Which forecast the headroom follows, and each candidate's held-out pinball loss.
+    served = {m: value(registry, "tide_forecast_model", queue_name="q", model=m)
+              for m in ("model", "recent_peak")}  # fmt: skip
+    assert sorted(served.values()) == [0.0, 1.0]
+    for model in ("model", "recent_peak"):
+        loss = value(registry, "tide_forecast_pinball_gpus", queue_name="q", model=model)
+        assert loss is not None and loss >= 0
 
 
 def test_names_follow_the_conventions() -> None:
