@@ -27,7 +27,7 @@ from simulations.workload import DEFAULT_CHECKPOINT_INTERVAL_S, WorkloadJob
 Row = Mapping[str, Any]
 
 
-def _bool(value: Any) -> bool:
+def _bool(value: Any, column: str = "elastic") -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -35,7 +35,7 @@ def _bool(value: Any) -> bool:
         return True
     if text in ("false", "0", "no", ""):
         return False
-    raise ValueError(f"elastic must be true or false, got {value!r}")
+    raise ValueError(f"{column} must be true or false, got {value!r}")
 
 
 def column_float(row: Row, key: str) -> float:
@@ -220,6 +220,7 @@ TRACE_COLUMNS = (
     "checkpoint_interval_s",
     "throughput",
     "replicas_over_time",
+    "declares_planned_samples",
 )
 """The columns of tide's trace format, in the order ``write_tide_trace`` writes them."""
 
@@ -245,6 +246,8 @@ class TraceRow:
         throughput: the job's measured samples/s by size; empty when not measured.
         replicas_over_time: (seconds after submission, replicas) as the cluster ran it; the
             replay does not follow it (it decides anew), it is there for people and tools.
+        declares_planned_samples: whether the job declares its planned samples (the engine
+            then knows its remaining work); False (the default) leaves it unknown.
     """
 
     job_id: str
@@ -261,6 +264,7 @@ class TraceRow:
     checkpoint_interval_s: float | None = None
     throughput: tuple[ThroughputMeasurement, ...] = ()
     replicas_over_time: tuple[tuple[float, int], ...] = ()
+    declares_planned_samples: bool = False
 
     def profile(self) -> ScalingProfile:
         """The job's scaling curve: its measured one, else its job type's (or the default's).
@@ -303,6 +307,7 @@ class TraceRow:
                 else self.checkpoint_interval_s
             ),
             restart_cost_s=self.restart_cost_s,
+            declares_planned_samples=self.declares_planned_samples,
             source=source,
         )
 
@@ -351,6 +356,9 @@ def read_trace_row(row: Row) -> TraceRow:
         checkpoint_interval_s=maybe_float("checkpoint_interval_s"),
         throughput=() if throughput is None else parse_throughput(throughput),
         replicas_over_time=() if history is None else parse_replicas_over_time(history),
+        declares_planned_samples=_bool(
+            row.get("declares_planned_samples", False), "declares_planned_samples"
+        ),
     )
 
 
@@ -404,6 +412,7 @@ def write_tide_trace(path: Path, rows: Iterable[TraceRow]) -> int:
                         ]
                         or None,
                         "replicas_over_time": [list(p) for p in row.replicas_over_time] or None,
+                        "declares_planned_samples": row.declares_planned_samples or None,
                     }
                     f.write(json.dumps({k: v for k, v in record.items() if v is not None}) + "\n")
                     count += 1
@@ -432,6 +441,7 @@ def write_tide_trace(path: Path, rows: Iterable[TraceRow]) -> int:
                     + [
                         format_throughput(row.throughput),
                         ";".join(f"{t!r}:{n}" for t, n in row.replicas_over_time),
+                        "true" if row.declares_planned_samples else "",
                     ]
                 )
                 count += 1
