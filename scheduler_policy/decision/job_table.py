@@ -39,6 +39,9 @@ class JobTable:
         nonelastic_gpus: GPUs the job holds outside its scaling task.
         restart_cost_s: seconds a restart costs (the policy default where the job sets none).
         remaining_samples: samples left, NaN where unknown or the curve is not measured.
+        running_since_s: when each job first ran, NaN where unknown.
+        requested: the replicas each job's owner asked for, within [min, max]; its minimum
+            where unknown.
         last_rescale_s: when the job was last rescaled, NaN for never.
         lam, sigma, kappa: each job's scaling curve.
         measured: whether the curve comes from the job's own measurements.
@@ -56,6 +59,8 @@ class JobTable:
     nonelastic_gpus: FloatArray
     restart_cost_s: FloatArray
     remaining_samples: FloatArray
+    running_since_s: FloatArray
+    requested: IntArray
     last_rescale_s: FloatArray
     lam: FloatArray
     sigma: FloatArray
@@ -91,18 +96,23 @@ class JobTable:
         current = column("current_replicas")
         measured = column("measured", curves).astype(bool)
         restart = column("restart_cost_s")
+        hi = np.maximum(column("max_replicas").astype(np.int64), lo)
+        asked = column("requested_replicas")
+        requested = np.clip(np.where(np.isnan(asked), lo, asked), lo, hi).astype(np.int64)
         return cls(
             jobs=tuple(jobs),
             queue_names=names,
             queue_index=np.array([index[job.queue] for job in jobs], dtype=np.int64),
             min_replicas=lo,
-            max_replicas=np.maximum(column("max_replicas").astype(np.int64), lo),
+            max_replicas=hi,
             current=current.astype(np.int64),
             held=_held(current, column("scheduled_replicas")),
             gpus_per_replica=column("gpus_per_replica"),
             nonelastic_gpus=column("nonelastic_gpus"),
             restart_cost_s=np.where(np.isnan(restart), default_restart_cost_s, restart),
             remaining_samples=np.where(measured, column("remaining_samples"), np.nan),
+            running_since_s=column("running_since_s"),
+            requested=requested,
             last_rescale_s=column("last_rescale_s"),
             lam=column("lambda_samples_per_s", curves),
             sigma=column("sigma", curves),
