@@ -121,6 +121,37 @@ def detect_format(path: Path) -> str:
     raise SimulationError(f"{path}:1: unknown trace header {','.join(header)}")
 
 
+def check_profiles_dir(path: Path, *, given: bool = True) -> Path:
+    """``path`` if it is a Pollux profiles folder: a directory with at least one
+    ``<application>/placements.csv``.
+
+    Args:
+        path: the folder.
+        given: whether the user named it (``--profiles``); the message says where it came from.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        SimulationError: the folder is missing, not a directory or holds no application.
+    """
+    where = (
+        f"profiles folder {path}"
+        if given
+        else f"Pollux profiles folder {path} (the default, <trace>/../../traces; --profiles DIR "
+        "names another)"
+    )
+    if not path.exists():
+        raise SimulationError(f"{where}: does not exist")
+    if not path.is_dir():
+        raise SimulationError(f"{where}: is not a directory")
+    if not any((child / "placements.csv").is_file() for child in path.iterdir()):
+        raise SimulationError(
+            f"{where}: holds no application profile (no <application>/placements.csv)"
+        )
+    return path
+
+
 def load_workload(
     *,
     trace: Path | None = None,
@@ -147,15 +178,17 @@ def load_workload(
         cluster_gpus: GPUs of the cluster the built-in workload is for.
         elastic_fraction: share of elastic jobs (built-in, Philly, ITP).
         skip_bad_rows: skip and count bad rows instead of failing.
-        pollux_traces: Pollux's ``traces/`` folder (default: next to the workload file).
+        pollux_traces: Pollux's ``traces/`` folder, one folder of profiles per application
+            (default: ``<trace>/../../traces``, where Pollux's repository keeps it).
         gpus_per_node: node size, for Pollux's placement-dependent profiles.
 
     Returns:
         The workload.
 
     Raises:
-        SimulationError: an unreadable trace or a bad row (file and line), or a built-in
-            workload asked for with a load, cluster size or window that is not positive.
+        SimulationError: an unreadable trace or a bad row (file and line), a missing or invalid
+            profiles folder (named), profiles given for a trace that is not Pollux's, or a
+            built-in workload asked for with a load, cluster size or window that is not positive.
     """
     if trace is None:
         try:
@@ -169,8 +202,16 @@ def load_workload(
         except ValueError as e:
             raise SimulationError(f"built-in workload: {e}") from e
     fmt = detect_format(trace) if trace_format == "auto" else trace_format
+    if pollux_traces is not None and fmt != "pollux":
+        raise SimulationError(
+            f"profiles folder {pollux_traces} given, but {trace} is a {fmt} trace: only Pollux "
+            "traces read application profiles"
+        )
     if fmt == "pollux":
-        traces_dir = pollux_traces or trace.resolve().parent.parent / "traces"
+        traces_dir = check_profiles_dir(
+            pollux_traces or trace.resolve().parent.parent / "traces",
+            given=pollux_traces is not None,
+        )
         workload = load_pollux_workload(
             trace, traces_dir=traces_dir, gpus_per_node=gpus_per_node, skip_bad_rows=skip_bad_rows
         )
@@ -434,6 +475,7 @@ __all__ = [
     "NodeOrder",
     "PolicyRun",
     "Summary",
+    "check_profiles_dir",
     "default_policy_for",
     "load_workload",
     "run_cases",

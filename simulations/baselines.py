@@ -6,6 +6,23 @@ preemptive schedulers a job priority and jobs to suspend. The simulator applies 
 engine's writes are applied (a shrink checkpoints first), so only the decisions differ.
 ``static`` (Volcano as-is) decides nothing, so it reads nothing either: it is
 ``controllers.StaticController``.
+
+What each baseline follows, and with which parameters:
+
+- ``static``: Volcano v1.15.1 as deployed (gang, proportion and FIFO job order, as
+  ``simulations.volcano`` models them); every job keeps the replicas it asked for.
+- ``threshold``: the idle-GPU rule cluster admins script today (no published reference; tide's
+  statement of it): +1 replica when a queue's idle GPUs exceed 2, -1 when they fall below 0.
+- ``hpa``: the Kubernetes HPA replica formula (``pkg/controller/podautoscaler``) on a queue's
+  GPU supply/demand ratio with target 1: tolerance 0.1, 300 s scale-down stabilization window,
+  scale-up at most max(2x, +4) per decision (the HPA defaults).
+- ``optimus``: the Optimus+Oracle of Pollux's evaluation (petuum/adaptdl, branch
+  ``osdi21-artifact``, ``simulator/optimus.py``): one replica per job first (line 22), then one
+  GPU at a time to the job whose next replica cuts (step time x remaining iterations) the most
+  (lines 36-48), with the true scaling curves and the true remaining work (lines 13-19, 78).
+- ``tiresias``: Pollux's Tiresias (``simulator/tiresias.py``): two queues, 16 GPU-hour
+  demotion threshold, arrival order in the high queue, demotion order in the low, no
+  starvation promotion, rigid jobs; see ``TiresiasBaseline``.
 """
 
 from __future__ import annotations
@@ -171,7 +188,9 @@ class HpaBaseline:
 
 @dataclass(slots=True)
 class OptimusBaseline:
-    """Greedy marginal gain with perfect knowledge of every job's scaling curve (an oracle).
+    """Greedy marginal gain with perfect knowledge of every job's scaling curve (an oracle), as
+    Pollux's Optimus+Oracle (``simulator/optimus.py`` lines 20-48 of petuum/adaptdl's
+    ``osdi21-artifact`` branch: gain = (t(n) - t(n+1)) x remaining iterations).
 
     GPUs not held or wanted by non-elastic work go, one replica at a time, to the elastic job
     whose next replica cuts its remaining time the most per GPU. No forecast, and restart costs
@@ -221,23 +240,41 @@ class OptimusBaseline:
         return BaselinePlan(targets=targets)
 
 
+TIRESIAS_THRESHOLD_GPU_S = 3600.0 * 16
+"""Attained service (GPU-seconds) past which Tiresias demotes a job to its low queue: Pollux's
+Tiresias, ``simulator/tiresias.py`` line 8 (``3600 * 16``)."""
+
+
 @dataclass(slots=True)
 class TiresiasBaseline:
-    """Tiresias' two-queue least-attained-service scheduler (discretized 2D-LAS), non-elastic.
+    """Tiresias' discretized two-queue least-attained-service scheduler (Gu et al., NSDI'19), with
+    the parameters of the Tiresias Pollux compares against (petuum/adaptdl, branch
+    ``osdi21-artifact``, ``simulator/tiresias.py``).
 
-    Jobs run rigid: the simulator sets every job's gang minimum to its requested replicas.
-    Jobs whose attained service (GPU-seconds) is below ``threshold_gpu_s`` are in the high queue,
-    the rest in the low queue; FIFO within each. Jobs run at the replicas they asked for; running
-    jobs outside the set that fits in priority order are preempted (checkpointed, requeued).
-    Preemption is within a queue (capacity: its deserved share, at most what it holds plus
-    the free GPUs); across queues Volcano's
-    proportion plugin decides, as it would with Tiresias' order as the job-order plugin.
+    - Two queues; a job starts in the high queue (line 30) and is demoted once its attained
+      service, the seconds it ran times the GPUs it holds, reaches ``threshold_gpu_s``
+      (16 GPU-hours, lines 35-44).
+    - The high queue is ordered by arrival, the low queue by demotion (both append, lines 30 and
+      43): ``priority`` is the arrival time in the high queue, 1e12 + the demotion time in the low.
+    - No promotion back: Pollux runs it with starvation handling off (``_solve_starvation = 0``,
+      line 9, so lines 52-58 never fire).
+    - Jobs run rigid at the replicas they asked for (the simulator sets every gang minimum to
+      its requested replicas; Pollux: ``max_replicas=job.target_num_replicas``,
+      ``simulator.py`` line 364). Every reconcile walks the high queue then the low one and keeps
+      each job whose gang still fits, skipping those that do not (lines 62-69); running jobs left
+      out are preempted (checkpointed and requeued).
+
+    Preemption is within a Volcano queue (capacity: its deserved share, at most what it holds
+    plus the free GPUs); across queues Volcano's proportion plugin decides, as it would with
+    Tiresias' order as the job-order plugin. Pollux's cluster has one queue, so there the walk is
+    Pollux's.
     """
 
-    threshold_gpu_s: float = 3600.0
+    threshold_gpu_s: float = TIRESIAS_THRESHOLD_GPU_S
     name: str = "tiresias"
     _attained: dict[JobKey, float] = field(default_factory=dict)
     _submitted: dict[JobKey, float] = field(default_factory=dict)
+    _demoted: dict[JobKey, float] = field(default_factory=dict)
     _last_s: float | None = None
 
     def decide(self, observation: Observation, *, now_s: float) -> BaselinePlan:
@@ -248,9 +285,14 @@ class TiresiasBaseline:
             self._submitted.setdefault(job.key, now_s)
             if job.phase is JobPhase.RUNNING:
                 self._attained[job.key] = self._attained.get(job.key, 0.0) + job.gpus * dt
+            if self._attained.get(job.key, 0.0) >= self.threshold_gpu_s:
+                self._demoted.setdefault(job.key, now_s)
         priority = {
-            job.key: (1.0e12 if self._attained.get(job.key, 0.0) >= self.threshold_gpu_s else 0.0)
-            + self._submitted[job.key]
+            job.key: (
+                LOW_QUEUE_OFFSET_S + self._demoted[job.key]
+                if job.key in self._demoted
+                else self._submitted[job.key]
+            )
             for job in observation.jobs
         }
         # Preempt within a queue only: across queues, Volcano's deserved shares decide (the
@@ -263,7 +305,7 @@ class TiresiasBaseline:
             for q in observation.queues
         }
         keep: set[JobKey] = set()
-        for job in sorted(observation.jobs, key=lambda j: priority[j.key]):
+        for job in sorted(observation.jobs, key=lambda j: priority[j.key]):  # stable: arrival
             if job.phase.finished:
                 continue
             gang = job.min_replicas * job.gpus_per_replica  # rigid: min == requested replicas
@@ -274,3 +316,7 @@ class TiresiasBaseline:
             j.key for j in observation.jobs if j.phase is JobPhase.RUNNING and j.key not in keep
         )
         return BaselinePlan(priority=priority, suspend=suspend)
+
+
+LOW_QUEUE_OFFSET_S = 1.0e12
+"""Added to a demoted job's priority so the low queue sorts after every high-queue job."""

@@ -4,15 +4,16 @@
 the GPUs used on each node as digits (``"22"`` = 2 nodes x 2 GPUs), ``step_time`` the seconds of one
 iteration at that per-GPU batch. ``scalability.csv`` has ``num_nodes,num_replicas,local_bsz,
 step_time,sync_time`` for larger sizes. ``validation-<batch>.csv`` has one row per epoch with the
-cumulative ``iteration`` count at that global batch.
+cumulative ``progress`` and ``iteration`` at that global batch and its ``grad_sqr``, ``grad_var``.
 
-A job of application A with global batch B on n replicas runs iterations of B samples at local
-batch B/n. Its step time is interpolated from placements.csv when its packed placement (4 GPUs per
-node, filled in order) was measured, else linearly over (num_nodes, num_replicas, local_bsz) from
-both files, as Pollux's simulator does. When B/n exceeds the largest measured local batch, the
-job accumulates gradients: k = ceil(B / (n x max_local)) micro-steps, each at B/(n k). Its work is
-the cumulative iterations after its application's epochs (bert 2, cifar10 100, ncf 10, imagenet 90,
-deepspeech2 80, yolov3 50) at batch B.
+A job of application A with global batch B on n replicas runs at the rate Pollux's own simulator
+gives it (``simulations.pollux_model``: its packed placement named as placements.csv names it,
+gradient accumulation past the largest local batch with the synchronisation paid once per
+optimizer step, yolov3's local batch capped at 8). Its work is the optimizer steps of its
+application's epochs (bert 2, cifar10 100, ncf 10, imagenet 90, deepspeech2 80, yolov3 50; Pollux's
+``applications.py`` lines 232-237) at batch B, counted as Pollux counts them: the statistical
+progress every validated batch reached by then, divided by batch B's gain per step. ncf runs on
+one replica at batch 32768, as Pollux runs it (``simulator.py`` lines 191-192, 332-333, 350-351).
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ import functools
 import math
 from pathlib import Path
 
-import numpy as np
-from scipy.interpolate import LinearNDInterpolator, interp1d
-
 from scheduler_policy.vocabulary.state import JobKey
 from simulations.errors import TraceError
+from simulations.pollux_model import (
+    PINNED_APPLICATIONS,
+    application_table,
+    iteration_rate_per_s,
+    training_iterations,
+)
 from simulations.profiles import ScalingProfile
 from simulations.traces import bad_rows_error, column_float, column_int
 from simulations.workload import Workload, WorkloadJob
@@ -52,6 +56,10 @@ def application_profile(
 ) -> ScalingProfile:
     """The measured scaling profile of ``app`` at global batch ``batch_size``.
 
+    Each size's rate is Pollux's (``simulations.pollux_model.iteration_rate_per_s``); a size
+    where Pollux's model gives none (micro-batch below the smallest measured local batch, or
+    outside every measurement) runs at the previous size's rate.
+
     Args:
         traces_dir: Pollux's ``traces/`` folder.
         app: the application (a folder under it).
@@ -63,54 +71,15 @@ def application_profile(
 
     Raises:
         TraceError: a file is missing or a row cannot be read.
+        ValueError: no measurement covers one replica at this batch.
     """
-    base = traces_dir / app
-    placements = _rows(base / "placements.csv")
-    scalability = _rows(base / "scalability.csv")
-    by_placement: dict[str, list[tuple[float, float]]] = {}
-    points: list[tuple[float, float, float, float]] = []
-    for i, row in enumerate(placements, start=2):
-        try:
-            place, bsz, step = row["placement"], float(row["local_bsz"]), float(row["step_time"])
-        except (KeyError, ValueError) as e:
-            raise TraceError(base / "placements.csv", i, f"bad row: {e}") from e
-        by_placement.setdefault(place, []).append((bsz, step))
-        points.append((len(place), sum(int(c) for c in place), bsz, step))
-    for i, row in enumerate(scalability, start=2):
-        try:
-            points.append(
-                (
-                    float(row["num_nodes"]),
-                    float(row["num_replicas"]),
-                    float(row["local_bsz"]),
-                    float(row["step_time"]),
-                )
-            )
-        except (KeyError, ValueError) as e:
-            raise TraceError(base / "scalability.csv", i, f"bad row: {e}") from e
-    xyz = np.array([p[:3] for p in points])
-    interp = LinearNDInterpolator(xyz, np.array([p[3] for p in points]))
-    max_local = float(xyz[:, 2].max())
-    min_local = float(xyz[:, 2].min())
+    table = application_table(traces_dir, app)
     rates: list[float] = []
     for n in range(1, MAX_REPLICAS + 1):
-        accum = max(1, math.ceil(batch_size / (n * max_local)))
-        local = max(min_local, batch_size / (n * accum))
-        full, rest = divmod(n, gpus_per_node)
-        place = str(gpus_per_node) * full + (str(rest) if rest else "")
-        step = math.nan
-        measured = by_placement.get(place)
-        if measured and len(measured) > 1:
-            bs, st = zip(*sorted(measured), strict=True)
-            if bs[0] <= local <= bs[-1]:
-                step = float(interp1d(bs, st)(local))
-        if not math.isfinite(step):
-            step = float(interp([len(place), n, local])[0])
-        if not math.isfinite(step):
-            step = rates_fallback(rates, n)
-            rates.append(step)
-            continue
-        rates.append(1.0 / (step * accum))
+        rate = iteration_rate_per_s(
+            table, batch_size=batch_size, replicas=n, gpus_per_node=gpus_per_node
+        )
+        rates.append(rate if math.isfinite(rate) else rates_fallback(rates, n))
     return ScalingProfile(f"pollux/{app}@{batch_size}", tuple(rates), float(batch_size))
 
 
@@ -121,23 +90,14 @@ def rates_fallback(rates: list[float], n: int) -> float:
     raise ValueError(f"no measurement covers {n} replica(s)")
 
 
-@functools.lru_cache(maxsize=64)
 def total_iterations(traces_dir: Path, app: str, batch_size: int) -> float:
-    """Iterations to train ``app`` for its epochs at ``batch_size`` (from validation-<batch>.csv).
+    """Optimizer steps to train ``app`` for its epochs at ``batch_size``, as Pollux counts them
+    (``simulations.pollux_model.training_iterations``).
 
     Raises:
-        TraceError: the file is missing or short of rows.
+        TraceError: a validation file is missing, short of rows or lacks a column.
     """
-    path = traces_dir / app / f"validation-{batch_size}.csv"
-    rows = _rows(path)
-    epochs = EPOCHS[app]
-    if not rows:
-        raise TraceError(path, 1, "no rows")
-    row = rows[min(epochs, len(rows)) - 1]
-    try:
-        return float(row["iteration"])
-    except (KeyError, ValueError) as e:
-        raise TraceError(path, min(epochs, len(rows)) + 1, f"bad iteration: {e}") from e
+    return training_iterations(traces_dir, app, batch_size, EPOCHS[app])
 
 
 def load_pollux_workload(
@@ -145,8 +105,8 @@ def load_pollux_workload(
 ) -> Workload:
     """Read a Pollux workload CSV (``name,time,application,num_replicas,batch_size``).
 
-    Every job is elastic between 1 replica and the largest size whose local batch stays at or
-    above the smallest measured one (at most MAX_REPLICAS), and asks for ``num_replicas``.
+    Every job is elastic between 1 replica and the largest size that still adds throughput (at
+    most MAX_REPLICAS), and asks for ``num_replicas``; ncf is pinned to one replica at batch 32768.
 
     Args:
         path: the workload file.
@@ -168,6 +128,7 @@ def load_pollux_workload(
             if app not in EPOCHS:
                 raise ValueError(f"unknown application {app!r}")
             batch, replicas = column_int(row, "batch_size"), column_int(row, "num_replicas")
+            batch = PINNED_APPLICATIONS.get(app, batch)
             submit = column_float(row, "time")
             if replicas < 1 or batch < 1 or submit < 0:
                 raise ValueError(f"bad num_replicas/batch_size/time {replicas}/{batch}/{submit}")
@@ -177,6 +138,8 @@ def load_pollux_workload(
             bad.append((line, f"missing column {e}" if isinstance(e, KeyError) else str(e)))
             continue
         max_replicas = min(MAX_REPLICAS, max(replicas, max_useful_replicas(profile)))
+        if app in PINNED_APPLICATIONS:
+            max_replicas = 1
         jobs.append(
             WorkloadJob(
                 key=JobKey(f"pollux/{row['name']}"),

@@ -34,6 +34,7 @@ from tide.sim_options import (
     NodeOrderOpt,
     OutageOpt,
     OutOpt,
+    ProfilesOpt,
     QuietOpt,
     SeedOpt,
     SeedsOpt,
@@ -66,6 +67,7 @@ def _seeded_setup(
     options: Callable[[int], RunOptions],
     start_h: float = 0.0,
     end_h: float | None = None,
+    profiles: Path | None = None,
 ) -> tuple[list[Seeded], ClusterSpec]:
     """The cluster (with ``--node-order``), and each seed's workload and run options
     (``seed_options``)."""
@@ -84,6 +86,7 @@ def _seeded_setup(
         options=options,
         start_h=start_h,
         end_h=end_h,
+        profiles=profiles,
     )
     return seeded, cluster
 
@@ -126,6 +129,7 @@ def register(app: typer.Typer) -> None:
         trace: TraceOpt = None,
         fmt: FormatOpt = "auto",
         member: MemberOpt = "cluster04.csv",
+        profiles: ProfilesOpt = None,
         cluster_file: ClusterOpt = None,
         node_order: NodeOrderOpt = None,
         policy_file: Annotated[
@@ -177,6 +181,7 @@ def register(app: typer.Typer) -> None:
                 skip_bad_rows=skip_bad_rows,
                 start_h=start_h,
                 end_h=end_h,
+                profiles=profiles,
                 options=seed_options(
                     horizon_h=horizon_h,
                     mtbf_h=node_mtbf_h,
@@ -209,6 +214,7 @@ def register(app: typer.Typer) -> None:
         trace: TraceOpt = None,
         fmt: FormatOpt = "auto",
         member: MemberOpt = "cluster04.csv",
+        profiles: ProfilesOpt = None,
         cluster_file: ClusterOpt = None,
         node_order: NodeOrderOpt = None,
         seed: SeedOpt = 0,
@@ -243,6 +249,7 @@ def register(app: typer.Typer) -> None:
                 skip_bad_rows=skip_bad_rows,
                 start_h=start_h,
                 end_h=end_h,
+                profiles=profiles,
                 options=seed_options(
                     horizon_h=horizon_h,
                     mtbf_h=node_mtbf_h,

@@ -134,6 +134,16 @@ NoDeclaredWorkOpt = Annotated[
         "export no tide_worker_planned_samples. optimus (oracle) still knows it.",
     ),
 ]
+ProfilesOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--profiles",
+        help="Folder of Pollux's application profiles (one <application>/ folder with "
+        "placements.csv, scalability.csv, validation-<batch>.csv each); default: "
+        "<trace>/../../traces, where Pollux's repository keeps them. Pollux traces only.",
+        metavar="DIR",
+    ),
+]
 SkipOpt = Annotated[
     bool, typer.Option("--skip-bad-rows", help="Skip and count bad trace rows instead of failing.")
 ]
@@ -378,10 +388,12 @@ def seeded_workloads(
     options: Callable[[int], RunOptions],
     start_h: float = 0.0,
     end_h: float | None = None,
+    profiles: Path | None = None,
 ) -> list[Seeded]:
     """Each seed's workload (``trace``, or the built-in workload's draw when it is None) with
     that seed's run options (its measurement noise and faults); of a trace, only the jobs
-    submitted between ``start_h`` and ``end_h`` (``time_window``).
+    submitted between ``start_h`` and ``end_h`` (``time_window``); a Pollux trace's application
+    profiles come from ``profiles`` when given.
 
     Philly and ITP traces give each job an elasticity and a job type by seed, so they are read
     once per seed; the other formats' jobs are the same whatever the seed, so they are read once.
@@ -404,6 +416,7 @@ def seeded_workloads(
             load=load,
             cluster_gpus=cluster.total_gpus,
             skip_bad_rows=skip_bad_rows,
+            pollux_traces=profiles,
             gpus_per_node=cluster.gpus_per_node,
         )
         if not window:

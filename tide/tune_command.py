@@ -18,7 +18,7 @@ from rich.table import Table
 from scheduler_policy.policy.file import load_policy, policy_yaml
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.errors import TideError
-from simulations.api import Seeded, default_policy_for, with_node_order
+from simulations.api import Seeded, default_policy_for, detect_format, with_node_order
 from simulations.bounds import jct_lower_bounds_h
 from simulations.cluster_config import BUILTIN_CLUSTER, ClusterSpec, load_cluster
 from simulations.errors import SimulationError
@@ -55,6 +55,7 @@ from tide.sim_options import (
     NoDeclaredWorkOpt,
     NodeOrderOpt,
     OutageOpt,
+    ProfilesOpt,
     QuietOpt,
     SkipOpt,
     StartOpt,
@@ -83,20 +84,31 @@ def _tune_workloads(
     options: Callable[[int], RunOptions],
     start_h: float = 0.0,
     end_h: float | None = None,
+    profiles: Path | None = None,
 ) -> list[Seeded]:
     """What every trial of ``tide tune`` runs on: each trace, or the built-in workload's draw,
     at each seed. Each runs with its seed's measurement noise and faults (and, on Philly and
     ITP traces, its elastic jobs and job types), as ``tide simulate --seeds`` runs it, so that
-    a trial's figures are the ones a simulation of its policy shows.
+    a trial's figures are the ones a simulation of its policy shows. ``profiles`` serves the
+    Pollux traces among them.
 
     Raises:
-        SimulationError: a trace given twice (however spelled), or one that cannot be read.
+        SimulationError: a trace given twice (however spelled), one that cannot be read, or
+            ``profiles`` given without a Pollux trace.
     """
     resolved = [t.resolve() for t in traces]
     for t, r in zip(traces, resolved, strict=True):
         if resolved.count(r) > 1:
             raise SimulationError(f"--trace: {t} is given twice")
     chosen: list[Path | None] = list(traces) or [None]  # None: the built-in workload
+
+    def is_pollux(trace: Path | None) -> bool:
+        return trace is not None and (detect_format(trace) if fmt == "auto" else fmt) == "pollux"
+
+    if profiles is not None and not any(is_pollux(t) for t in chosen):
+        raise SimulationError(
+            f"--profiles {profiles}: no --trace is a Pollux trace, and only those read profiles"
+        )
     return [
         one
         for trace in chosen
@@ -112,6 +124,7 @@ def _tune_workloads(
             options=options,
             start_h=start_h,
             end_h=end_h,
+            profiles=profiles if is_pollux(trace) else None,
         )
     ]
 
@@ -325,6 +338,7 @@ def register(app: typer.Typer) -> None:
         ] = "0",
         fmt: FormatOpt = "auto",
         member: MemberOpt = "cluster04.csv",
+        profiles: ProfilesOpt = None,
         cluster_file: ClusterOpt = None,
         node_order: NodeOrderOpt = None,
         policy_file: Annotated[
@@ -393,6 +407,7 @@ def register(app: typer.Typer) -> None:
                 options=options,
                 start_h=start_h,
                 end_h=end_h,
+                profiles=profiles,
             )
             long_trace_tip([one.workload for one in seeded], quiet_s)
             if len(seeded) == 1:
