@@ -31,6 +31,8 @@ class WorkloadJob:
         profile: work units per second at each size.
         checkpoint_interval_s: progress seconds between two checkpoints.
         restart_cost_s: seconds without progress after a membership change; None for the default.
+        save_exit_s: seconds its departing workers take to save and exit after a graceful
+            shrink (their GPUs stay held meanwhile); None for the cluster's default.
         source: where it came from (``file:line``), for messages.
     """
 
@@ -47,6 +49,7 @@ class WorkloadJob:
     checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
     restart_cost_s: float | None = None
     source: str = ""
+    save_exit_s: float | None = None
 
     def problems(self) -> list[str]:
         """What makes the job unrunnable, as sentences naming the field; empty when valid."""
@@ -66,6 +69,10 @@ class WorkloadJob:
             out.append(f"work_units must be > 0, got {self.work_units}")
         if not self.checkpoint_interval_s > 0:
             out.append(f"checkpoint_interval_s must be > 0, got {self.checkpoint_interval_s}")
+        if self.save_exit_s is not None and not (
+            math.isfinite(self.save_exit_s) and self.save_exit_s >= 0
+        ):
+            out.append(f"save_exit_s must be a finite number >= 0, got {self.save_exit_s}")
         return out
 
     @property
