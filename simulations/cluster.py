@@ -135,8 +135,9 @@ class SimulatedCluster(ClusterCore):
                 del points[0]
 
     def sample(self, *, now_s: float) -> MetricsSample:
-        """See base class. Stale (``fresh=False``, no measurements) during an outage, which
-        names every running elastic job in ``stale_jobs``.
+        """See base class. ``releasing_gpus`` are the GPUs of pods still saving and exiting
+        after a graceful stop (not free yet). Stale (``fresh=False``, no measurements) during
+        an outage, which names every running elastic job in ``stale_jobs``.
 
         Remaining samples come only for the jobs that declare their planned samples (and only
         while ``MetricsOptions.declared_work``), as the Prometheus source computes them: the
@@ -146,6 +147,7 @@ class SimulatedCluster(ClusterCore):
             return MetricsSample(
                 fresh=False,
                 cluster_free_gpus=float(self.nodes.total_free),
+                releasing_gpus=float(self.releasing_gpus),
                 stale_jobs={
                     job.key: "the metrics source is down (simulated outage)"
                     for job in self.running.values()
@@ -170,6 +172,7 @@ class SimulatedCluster(ClusterCore):
             job_throughput=throughput,
             job_remaining_samples=remaining,
             queue_demand_history={n: tuple(p) for n, p in self._demand.items()},
+            releasing_gpus=float(self.releasing_gpus),
         )
 
     # --- ClusterClient ------------------------------------------------------------------------

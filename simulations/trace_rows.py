@@ -218,6 +218,7 @@ TRACE_COLUMNS = (
     "job_type",
     "restart_cost_s",
     "checkpoint_interval_s",
+    "save_exit_s",
     "throughput",
     "replicas_over_time",
     "declares_planned_samples",
@@ -243,6 +244,8 @@ class TraceRow:
         restart_cost_s: seconds without progress after a membership change; None for the
             cluster's.
         checkpoint_interval_s: progress seconds between checkpoints; None for the default.
+        save_exit_s: seconds its departing workers take to save and exit after a graceful
+            shrink; None for the cluster's.
         throughput: the job's measured samples/s by size; empty when not measured.
         replicas_over_time: (seconds after submission, replicas) as the cluster ran it; the
             replay does not follow it (it decides anew), it is there for people and tools.
@@ -262,6 +265,7 @@ class TraceRow:
     job_type: str | None = None
     restart_cost_s: float | None = None
     checkpoint_interval_s: float | None = None
+    save_exit_s: float | None = None
     throughput: tuple[ThroughputMeasurement, ...] = ()
     replicas_over_time: tuple[tuple[float, int], ...] = ()
     declares_planned_samples: bool = False
@@ -309,6 +313,7 @@ class TraceRow:
             restart_cost_s=self.restart_cost_s,
             declares_planned_samples=self.declares_planned_samples,
             source=source,
+            save_exit_s=self.save_exit_s,
         )
 
 
@@ -341,6 +346,9 @@ def read_trace_row(row: Row) -> TraceRow:
         return column_float(row, key) if _optional(row, key) is not None else None
 
     queue = _optional(row, "queue")
+    save_exit_s = maybe_float("save_exit_s")
+    if save_exit_s is not None and not (math.isfinite(save_exit_s) and save_exit_s >= 0):
+        raise ValueError(f"save_exit_s must be a finite number >= 0 (seconds), got {save_exit_s}")
     return TraceRow(
         job_id=str(row["job_id"]),
         submit_s=column_float(row, "submit_s"),
@@ -354,6 +362,7 @@ def read_trace_row(row: Row) -> TraceRow:
         job_type=None if job_type is None else str(job_type),
         restart_cost_s=maybe_float("restart_cost_s"),
         checkpoint_interval_s=maybe_float("checkpoint_interval_s"),
+        save_exit_s=save_exit_s,
         throughput=() if throughput is None else parse_throughput(throughput),
         replicas_over_time=() if history is None else parse_replicas_over_time(history),
         declares_planned_samples=_bool(
@@ -405,6 +414,7 @@ def write_tide_trace(path: Path, rows: Iterable[TraceRow]) -> int:
                         "job_type": row.job_type,
                         "restart_cost_s": row.restart_cost_s,
                         "checkpoint_interval_s": row.checkpoint_interval_s,
+                        "save_exit_s": row.save_exit_s,
                         "throughput": [
                             {"replicas": m.replicas, "samples_per_s": m.samples_per_s}
                             | ({} if m.nodes is None else {"nodes": m.nodes})
@@ -436,6 +446,7 @@ def write_tide_trace(path: Path, rows: Iterable[TraceRow]) -> int:
                             row.job_type,
                             row.restart_cost_s,
                             row.checkpoint_interval_s,
+                            row.save_exit_s,
                         )
                     ]
                     + [

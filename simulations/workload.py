@@ -35,6 +35,8 @@ class WorkloadJob:
             on (in production the worker runtime's ``tide_worker_planned_samples``, exported
             when the script declares both its epochs and its dataset), so that the engine can
             read its remaining samples (planned minus consumed); False leaves them unknown.
+        save_exit_s: seconds its departing workers take to save and exit after a graceful
+            shrink (their GPUs stay held meanwhile); None for the cluster's default.
         source: where it came from (``file:line``), for messages.
     """
 
@@ -52,6 +54,7 @@ class WorkloadJob:
     restart_cost_s: float | None = None
     declares_planned_samples: bool = False
     source: str = ""
+    save_exit_s: float | None = None
 
     def problems(self) -> list[str]:
         """What makes the job unrunnable, as sentences naming the field; empty when valid."""
@@ -71,6 +74,10 @@ class WorkloadJob:
             out.append(f"work_units must be > 0, got {self.work_units}")
         if not self.checkpoint_interval_s > 0:
             out.append(f"checkpoint_interval_s must be > 0, got {self.checkpoint_interval_s}")
+        if self.save_exit_s is not None and not (
+            math.isfinite(self.save_exit_s) and self.save_exit_s >= 0
+        ):
+            out.append(f"save_exit_s must be a finite number >= 0, got {self.save_exit_s}")
         return out
 
     @property
