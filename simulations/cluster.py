@@ -56,6 +56,9 @@ class MetricsOptions:
         demand_points: demand-history points kept per queue.
         outages: ``(start_s, end_s)`` intervals when the metrics source is stale.
         seed: seed of the measurement noise.
+        declared_work: whether the jobs that declare their planned samples
+            (``WorkloadJob.declares_planned_samples``) report their remaining samples; False
+            hides remaining work from the engine for every job (``--no-declared-work``).
     """
 
     throughput_noise: float = 0.02
@@ -65,6 +68,7 @@ class MetricsOptions:
     demand_points: int = 2016
     outages: tuple[tuple[float, float], ...] = ()
     seed: int = 0
+    declared_work: bool = True
 
 
 class SimulatedCluster(ClusterCore):
@@ -131,12 +135,19 @@ class SimulatedCluster(ClusterCore):
                 del points[0]
 
     def sample(self, *, now_s: float) -> MetricsSample:
-        """See base class. Stale (``fresh=False``, no measurements) during an outage, which
-        names every running elastic job in ``stale_jobs``."""
+        """See base class. ``releasing_gpus`` are the GPUs of pods still saving and exiting
+        after a graceful stop (not free yet). Stale (``fresh=False``, no measurements) during
+        an outage, which names every running elastic job in ``stale_jobs``.
+
+        Remaining samples come only for the jobs that declare their planned samples (and only
+        while ``MetricsOptions.declared_work``), as the Prometheus source computes them: the
+        planned samples minus the consumed ones (the checkpointed data position, so the work a
+        kill lost is to be done again), never below zero."""
         if self.in_outage(now_s):
             return MetricsSample(
                 fresh=False,
                 cluster_free_gpus=float(self.nodes.total_free),
+                releasing_gpus=float(self.releasing_gpus),
                 stale_jobs={
                     job.key: "the metrics source is down (simulated outage)"
                     for job in self.running.values()
@@ -146,17 +157,22 @@ class SimulatedCluster(ClusterCore):
         self.record_demand(now_s)
         throughput: dict[JobKey, tuple[ThroughputPoint, ...]] = {}
         remaining: dict[JobKey, float] = {}
+        declared = self.metrics.declared_work
         for job in self.running.values():
             if job.spec.elastic:
                 self._measure(job, now_s)
                 throughput[job.key] = tuple(job.points)
-                remaining[job.key] = job.remaining_units * job.spec.profile.samples_per_unit
+                if declared and job.spec.declares_planned_samples:
+                    per_unit = job.spec.profile.samples_per_unit
+                    planned = job.spec.work_units * per_unit
+                    remaining[job.key] = max(0.0, planned - job.done_units * per_unit)
         return MetricsSample(
             fresh=True,
             cluster_free_gpus=float(self.nodes.total_free),
             job_throughput=throughput,
             job_remaining_samples=remaining,
             queue_demand_history={n: tuple(p) for n, p in self._demand.items()},
+            releasing_gpus=float(self.releasing_gpus),
         )
 
     # --- ClusterClient ------------------------------------------------------------------------
@@ -210,6 +226,8 @@ class SimulatedCluster(ClusterCore):
             restart_cost_s=job.restart_cost_s,
             recommendations=memory.recommendations,
             pods=self._pods(job) if job.status is Status.RUNNING else (),
+            running_since_s=job.first_start_s,
+            requested_replicas=job.spec.requested_replicas,
         )
         self._views[job.key] = (view, stored, key)
         return view

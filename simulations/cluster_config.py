@@ -94,6 +94,13 @@ class QueueSpec:
     elastic: bool = True
 
 
+DEFAULT_SAVE_EXIT_S = 6.1
+"""Seconds a worker takes from SIGTERM to exit on a graceful shrink (agree on a step, save,
+exit), the default of a job that gives none: BENCHMARKS.md, "Worker runtime: checkpoints and
+restarts", measured 6.09 s for one process with a 1 GB checkpoint (0.87 s at 100 MB; torchrun's
+2 <-> 3 agents exited in 1.42 / 1.47 s median / max): the larger figure, rounded up."""
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterSpec:
     """A cluster of identical GPU nodes and its queues.
@@ -108,6 +115,8 @@ class ClusterSpec:
         overcommit_factor: the overcommit plugin's factor for the enqueue gate.
         node_order: where the scheduler puts each pod (``NodeOrder``; Volcano's default
             spreads).
+        save_exit_s: default seconds the departing workers of a graceful shrink take to save
+            and exit; their GPUs stay held (releasing) until then (``DEFAULT_SAVE_EXIT_S``).
     """
 
     name: str
@@ -118,6 +127,7 @@ class ClusterSpec:
     restart_cost_s: float = 30.0
     overcommit_factor: float = 1.2
     node_order: NodeOrder = NodeOrder.SPREAD
+    save_exit_s: float = DEFAULT_SAVE_EXIT_S
 
     @property
     def total_gpus(self) -> int:
@@ -196,6 +206,7 @@ _TOP_KEYS = (
     "restartCost",
     "overcommitFactor",
     "nodeOrder",
+    "saveExit",
 )
 _QUEUE_KEYS = ("name", "weight", "capabilityGpus", "guaranteeGpus", "reclaimable", "elastic")
 RENAMED = {
@@ -297,6 +308,7 @@ def parse_cluster(data: Any, *, source: str) -> ClusterSpec:
     overcommit = top.get("overcommitFactor", 1.2, _positive)
     reclaim = top.get("reclaim", True, boolean)
     order = top.get("nodeOrder", NodeOrder.SPREAD, node_order)
+    save_exit = top.get("saveExit", DEFAULT_SAVE_EXIT_S, duration)
     queues: list[QueueSpec] = []
     raw_queues = top.mapping.get("queues")
     if "queues" in top.mapping and (not isinstance(raw_queues, list) or not raw_queues):
@@ -333,6 +345,7 @@ def parse_cluster(data: Any, *, source: str) -> ClusterSpec:
         restart_cost_s=restart,
         overcommit_factor=overcommit,
         node_order=order,
+        save_exit_s=save_exit,
     )
 
 
@@ -361,6 +374,7 @@ def cluster_document(cluster: ClusterSpec) -> dict[str, Any]:
         "restartCost": format_duration(cluster.restart_cost_s),
         "overcommitFactor": number(cluster.overcommit_factor),
         "nodeOrder": cluster.node_order.value,
+        "saveExit": format_duration(cluster.save_exit_s),
         "queues": queues,
     }
 

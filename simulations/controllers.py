@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from scheduler_policy.engine.reconcile import observe, reconcile
+from scheduler_policy.engine.trigger import reconcile_trigger, seen_gangs
+from scheduler_policy.extender import DEFAULT_GRACE_MARGIN_S, Extender, ExtenderView
 from scheduler_policy.models.cache import ModelCache
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.state import JobKey
@@ -36,10 +38,13 @@ class Controller(Protocol):
         name: the policy's name in reports.
         rigid: True when the policy runs every job at its requested size as a full gang
             (``min_replicas = max_replicas = requested``), as a non-elastic scheduler does.
+        extender: the extender Volcano's reclaim asks before it evicts (tide's); None for
+            Volcano's plain reclaim.
     """
 
     name: str
     rigid: bool
+    extender: Extender | None
 
     def control(self, cluster: SimulatedCluster, *, now_s: float) -> int:
         """Observe the cluster and write its decisions.
@@ -57,16 +62,44 @@ class Controller(Protocol):
         """The job order the scheduler uses within a queue."""
         ...
 
+    def trigger(self, cluster: SimulatedCluster, *, withheld_pods: int) -> str | None:
+        """Whether to reconcile at once (before the next interval), and why.
+
+        Args:
+            cluster: the simulated cluster, after a scheduling session.
+            withheld_pods: pods the extender withheld in that session.
+
+        Returns:
+            Why, or None to wait for the interval.
+        """
+        ...
+
 
 @dataclass(slots=True)
 class TideController:
-    """tide's engine, run exactly as in production: ``engine.reconcile`` on the cluster."""
+    """tide's engine, run exactly as in production: ``engine.reconcile`` on the cluster, its
+    extender's view updated after each reconcile (as ``tide engine`` does), and a reconcile at
+    once on a new pending gang or withheld pods (``engine.trigger.reconcile_trigger``).
+
+    Attributes:
+        grace_margin_s: the extender's margin over a pod's grace period (its save-and-exit
+            time here), seconds.
+    """
 
     policy: ElasticPolicy
     name: str = "tide"
     rigid: bool = False
     models: ModelCache = field(default_factory=ModelCache)
     decisions: int = 0
+    grace_margin_s: float = DEFAULT_GRACE_MARGIN_S
+    extender: Extender | None = None
+    _seen: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.extender is None:
+            self.extender = Extender(
+                stale_after_s=3 * self.policy.interval_s, grace_margin_s=self.grace_margin_s
+            )
 
     def control(self, cluster: SimulatedCluster, *, now_s: float) -> int:
         """See base class."""
@@ -74,11 +107,22 @@ class TideController:
             metrics=cluster, cluster=cluster, policy=self.policy, now_s=now_s, models=self.models
         )
         self.decisions += len(result.decisions)
+        self._seen = seen_gangs(result.observation)
+        if self.extender is not None and result.plan is not None:
+            self.extender.update(
+                ExtenderView.from_plan(result.plan, result.observation, leader=True, now_s=now_s)
+            )
         return sum(1 for c in result.applied if c.to_replicas != c.from_replicas)
 
     def order(self) -> JobOrder:
         """See base class. Volcano's FIFO."""
         return fifo_order
+
+    def trigger(self, cluster: SimulatedCluster, *, withheld_pods: int) -> str | None:
+        """See base class. The engine's rule: new pending gangs or withheld pods."""
+        return reconcile_trigger(
+            seen=self._seen, pending_gangs=cluster.list_pending_gangs(), withheld_pods=withheld_pods
+        )
 
 
 @dataclass(slots=True)
@@ -91,6 +135,7 @@ class StaticController:
 
     name: str = "static"
     rigid: bool = False
+    extender: Extender | None = None
 
     def control(self, cluster: SimulatedCluster, *, now_s: float) -> int:
         """See base class. Changes nothing."""
@@ -100,6 +145,10 @@ class StaticController:
         """See base class. Volcano's FIFO."""
         return fifo_order
 
+    def trigger(self, cluster: SimulatedCluster, *, withheld_pods: int) -> str | None:
+        """See base class. Never: it decides nothing."""
+        return None
+
 
 @dataclass(slots=True)
 class BaselineController:
@@ -108,6 +157,7 @@ class BaselineController:
     baseline: Baseline
     name: str = ""
     rigid: bool = False
+    extender: Extender | None = None
     _priority: dict[JobKey, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -144,6 +194,10 @@ class BaselineController:
             return (priority.get(job.key, job.spec.submit_s), job.spec.submit_s)
 
         return key
+
+    def trigger(self, cluster: SimulatedCluster, *, withheld_pods: int) -> str | None:
+        """See base class. Never: a baseline decides on the interval only."""
+        return None
 
 
 def make_controller(

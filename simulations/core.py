@@ -2,8 +2,9 @@
 
 ``ClusterCore`` owns the jobs and nodes and does what the world does between decisions: jobs make
 progress at their profile's rate, a membership change costs a restart, an abrupt kill loses the
-work since the last checkpoint. The scheduler (``volcano``) and the protocol surface
-(``cluster.SimulatedCluster``) build on it.
+work since the last checkpoint, and a graceful stop holds the departing pods' GPUs for the job's
+save-and-exit time (they are *releasing*: no pod is placed on them until they free). The
+scheduler (``volcano``) and the protocol surface (``cluster.SimulatedCluster``) build on it.
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ class ClusterCore:
         # for the next completion was a fifth of a long replay's time.
         self._completions: list[tuple[float, int, int, SimJob]] = []
         self._pushed = 0
+        # Pods that stopped gracefully and are still saving and exiting: (when they free, seq,
+        # node, GPUs). Their GPUs are not free on their node until then.
+        self._held: list[tuple[float, int, int, int]] = []
+        self.releasing_gpus = 0
+        # What Volcano's reclaim asked tide's extender in the last session (``run_session``):
+        # the pods withheld, and when the earliest of their grace windows ends.
+        self.withheld_pods = 0
+        self.withheld_until_s: float | None = None
         for job_spec in workload.jobs:
             queue = job_spec.queue or spec.default_queue(elastic=job_spec.elastic)
             if spec.queue(queue) is None:
@@ -75,8 +84,12 @@ class ClusterCore:
             if job_spec.key in self.jobs:
                 raise ValueError(f"{job_spec.source or job_spec.key}: duplicate job {job_spec.key}")
             cost = job_spec.restart_cost_s
+            save = job_spec.save_exit_s
             job = SimJob(
-                job_spec, queue=queue, restart_cost_s=spec.restart_cost_s if cost is None else cost
+                job_spec,
+                queue=queue,
+                restart_cost_s=spec.restart_cost_s if cost is None else cost,
+                save_exit_s=spec.save_exit_s if save is None else save,
             )
             self.jobs[job.key] = job
             self.order.append(job)
@@ -113,6 +126,7 @@ class ClusterCore:
             job.done_units += job.rate * useful
             job.unckpt_s = (job.unckpt_s + useful) % job.spec.checkpoint_interval_s
             self.effective_gpu_s += job.effective_gpus * useful
+        self.alloc_gpu_s += self.releasing_gpus * dt  # held while the workers save and exit
         for queue in self.blocked_queues:
             self.blocked_queue_s[queue] += dt
         free = self.nodes.total_free  # pods change only at events: constant over dt
@@ -159,6 +173,45 @@ class ClusterCore:
             self.done_count += 1
             logger.debug("t=%.0f job %s done", self.now_s, job.key)
         return finished
+
+    def next_release_s(self) -> float:
+        """When the earliest held (releasing) pod frees its GPUs; inf when none is held."""
+        return self._held[0][0] if self._held else float("inf")
+
+    def releasing_on_nodes(self) -> list[int]:
+        """GPUs of held (releasing) pods on each node, by node index."""
+        out = [0] * len(self.nodes.free)
+        for _, _, node, gpus in self._held:
+            out[node] += gpus
+        return out
+
+    def free_released(self) -> bool:
+        """Give back the GPUs of every held pod whose save-and-exit time is over.
+
+        Returns:
+            True when some GPUs came free.
+        """
+        held = self._held
+        freed = False
+        while held and held[0][0] <= self.now_s:
+            _, _, node, gpus = heapq.heappop(held)
+            self.releasing_gpus -= gpus
+            self.nodes.release(gpus, [node])
+            freed = True
+        return freed
+
+    def _let_go(self, job: SimJob, nodes: list[int], *, graceful: bool) -> None:
+        """The pods of ``job`` on ``nodes`` stop: a graceful stop holds their GPUs for the
+        job's save-and-exit time, anything else frees them at once."""
+        gpus = job.spec.gpus_per_replica
+        if not graceful or job.save_exit_s <= 0 or not nodes:
+            self.nodes.release(gpus, nodes)
+            return
+        free_s = self.now_s + job.save_exit_s
+        for node in nodes:
+            self._pushed += 1
+            heapq.heappush(self._held, (free_s, self._pushed, node, gpus))
+            self.releasing_gpus += gpus
 
     def submit(self, job: SimJob) -> None:
         """The job arrives: it waits for the enqueue gate."""
@@ -243,6 +296,14 @@ class ClusterCore:
         if count > 0:
             self._take(job, range(len(job.pods) - count, len(job.pods)), graceful=graceful)
 
+    def kill_pods(self, job: SimJob, positions: list[int]) -> None:
+        """Kill the job's pods at ``positions`` (in ``job.pods``, ascending; not empty):
+        abruptly, as Volcano's reclaim evicts them."""
+        if positions == list(range(positions[0], len(job.pods))):
+            self._take(job, range(positions[0], len(job.pods)), graceful=False)
+        else:
+            self._take(job, positions, graceful=False)
+
     def _take(self, job: SimJob, positions: range | list[int], *, graceful: bool) -> None:
         """Remove the job's pods at ``positions`` (in ``job.pods``, ascending; not empty); their
         nodes get their GPUs back. One restart, or a requeue when it falls below its minimum."""
@@ -258,9 +319,9 @@ class ClusterCore:
             removed = [job.pods[i] for i in positions]
             job.pods = [n for i, n in enumerate(job.pods) if i not in gone]
             job.pod_indices = [x for i, x in enumerate(job.pod_indices) if i not in gone]
-        self.nodes.release(job.spec.gpus_per_replica, removed)
+        self._let_go(job, removed, graceful=graceful)
         if len(job.pods) < job.spec.min_replicas:
-            self._release_all(job)
+            self._release_all(job, graceful=graceful)
             self.running.pop(job.key, None)
             job.status = Status.INQUEUE
             job.replica_log.append((self.now_s, 0))
@@ -275,15 +336,16 @@ class ClusterCore:
         if job.status is not Status.RUNNING:
             return
         self._save_or_lose(job, graceful=True)
-        self._release_all(job)
+        self._release_all(job, graceful=True)
         self.running.pop(job.key, None)
         job.status = Status.PENDING  # back through the enqueue gate, in priority order
         job.rescales += 1
         job.replica_log.append((self.now_s, 0))
         self.waiting_by_queue[job.queue].append(job)
 
-    def _release_all(self, job: SimJob) -> None:
-        self.nodes.release(job.spec.gpus_per_replica, job.pods)
+    def _release_all(self, job: SimJob, *, graceful: bool = False) -> None:
+        """Every pod of the job stops (done, suspended, or below its minimum)."""
+        self._let_go(job, job.pods, graceful=graceful)
         job.pods = []
         job.pod_indices = []
         self._changed(job)
@@ -312,6 +374,11 @@ class ClusterCore:
             victims = [i for i, n in enumerate(job.pods) if n == node]
             if victims:
                 self._take(job, victims, graceful=False)
+        kept = [entry for entry in self._held if entry[2] != node]
+        if len(kept) != len(self._held):  # pods saving on the node die with it
+            self.releasing_gpus = sum(entry[3] for entry in kept)
+            heapq.heapify(kept)
+            self._held = kept
         self.nodes.set_down(node)
 
     def repair_node(self, node: int) -> None:

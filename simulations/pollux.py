@@ -152,6 +152,7 @@ def load_pollux_workload(
                 requested_replicas=min(replicas, max_replicas),
                 work_units=work,
                 profile=profile,
+                declares_planned_samples=True,  # a fixed number of epochs: planned samples known
                 source=f"{path}:{line}",
             )
         )

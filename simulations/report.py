@@ -10,7 +10,37 @@ from pathlib import Path
 
 import numpy as np
 
-from simulations.run import SimResult
+from simulations.run import RunOptions, SimResult
+from simulations.workload import Workload
+
+ORACLE_POLICIES = frozenset({"optimus"})
+"""Policies handed what production cannot know: ``optimus`` reads every job's true scaling curve
+and true remaining work."""
+
+
+def policy_label(policy: str) -> str:
+    """A policy's name as tables print it: an oracle says so (``optimus (oracle)``)."""
+    return f"{policy} (oracle)" if policy in ORACLE_POLICIES else policy
+
+
+def remaining_work_known_share(workload: Workload, options: RunOptions) -> float:
+    """The share of a workload's elastic jobs whose remaining work reaches tide's engine: those
+    that declare their planned samples (``WorkloadJob.declares_planned_samples``), none when
+    the run hides declared work (``MetricsOptions.declared_work``). NaN without elastic jobs.
+
+    Args:
+        workload: the jobs.
+        options: the run's options.
+
+    Returns:
+        A share in [0, 1], or NaN.
+    """
+    elastic = [job for job in workload.jobs if job.elastic]
+    if not elastic:
+        return math.nan
+    if not options.metrics.declared_work:
+        return 0.0
+    return sum(job.declares_planned_samples for job in elastic) / len(elastic)
 
 
 @dataclass(frozen=True, slots=True)

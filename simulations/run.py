@@ -1,7 +1,11 @@
 """The event loop: jump from event to event and to the next reconcile, never tick every second.
 
 Events are job arrivals, completions (computed from each job's rate), node failures and repairs,
-and reconciles every ``interval_s``. After any event the Volcano session runs once. While nothing
+held GPUs freeing (a graceful stop's save-and-exit time is over), the end of an extender grace
+window (Volcano asks again), and reconciles every ``interval_s``. After any event the Volcano
+session runs once. A tide policy also reconciles at once (no sooner than ``MIN_GAP_S`` after the
+last) when a session leaves a new non-elastic gang pending or its extender withheld pods from
+reclaim (``scheduler_policy.engine.trigger``), as ``tide engine`` does. While nothing
 has happened since a reconcile that changed nothing, the next reconciles may be spaced up to
 ``quiet_interval_s`` apart (off by default: equal to the interval).
 """
@@ -17,6 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from scheduler_policy.engine.trigger import MIN_GAP_S
 from simulations.cluster import MetricsOptions, SimulatedCluster
 from simulations.cluster_config import ClusterSpec, NodeOrder
 from simulations.controllers import Controller
@@ -225,6 +230,9 @@ def simulate(
     interval = options.interval_s
     quiet = options.quiet_interval_s or interval
     next_reconcile = 0.0
+    last_reconcile = -math.inf
+    retries: list[float] = []  # when an extender grace window ends: Volcano asks again
+    extender = controller.extender
     reconciles = 0
     busy_since_reconcile = True
     total_jobs = len(sim.order)
@@ -248,7 +256,9 @@ def simulate(
         if not sim.running and not any(sim.waiting_by_queue.values()):
             # Nothing submitted is alive: jump to the next arrival, reconcile on the grid after.
             next_reconcile = max(next_reconcile, math.ceil(t_event / interval) * interval)
-        t = min(t_event, t_done, next_reconcile)
+        t_held = sim.next_release_s()
+        t_retry = retries[0] if retries else math.inf
+        t = min(t_event, t_done, next_reconcile, t_held, t_retry)
         if t == math.inf:
             logger.warning(
                 "%d job(s) can never run on cluster %s", total_jobs - sim.done_count, cluster.name
@@ -259,12 +269,18 @@ def simulate(
             break
         sim.advance(t)
         changed = bool(sim.finish_due())
+        changed = sim.free_released() or changed
+        while retries and retries[0] <= t:
+            heapq.heappop(retries)
+            changed = True
+        gang_arrived = False
         while events and events[0][0] <= t:
             _, kind, _, payload = heapq.heappop(events)
             changed = True
             if kind == _ARRIVAL:
                 assert isinstance(payload, SimJob)
                 sim.submit(payload)
+                gang_arrived = gang_arrived or not payload.spec.elastic
             elif kind == _NODE_DOWN:
                 assert isinstance(payload, int)
                 sim.fail_node(payload)
@@ -274,6 +290,7 @@ def simulate(
         busy_since_reconcile = busy_since_reconcile or changed
         if t >= next_reconcile:
             reconciles += 1
+            last_reconcile = t
             writes = controller.control(sim, now_s=t)
             sim.sample_timeline()
             changed = changed or writes > 0
@@ -283,7 +300,16 @@ def simulate(
         elif changed and next_reconcile - t > interval:
             next_reconcile = math.ceil(t / interval) * interval
         if changed:
-            run_session(sim, order=controller.order())
+            sim.withheld_pods, sim.withheld_until_s = 0, None
+            run_session(sim, order=controller.order(), extender=extender)
+            if sim.withheld_until_s is not None:
+                heapq.heappush(retries, sim.withheld_until_s)
+            if extender is not None and (gang_arrived or sim.withheld_pods):
+                why = controller.trigger(sim, withheld_pods=sim.withheld_pods)
+                if why is not None:
+                    logger.debug("t=%.1f reconcile now: %s", t, why)
+                    next_reconcile = min(next_reconcile, max(t, last_reconcile + MIN_GAP_S))
+                    busy_since_reconcile = True
     if progress is not None:
         progress(sim.done_count, total_jobs, sim.now_s)
     return SimResult(

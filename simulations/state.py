@@ -75,6 +75,7 @@ class SimJob:
         "restart_cost_s",
         "restart_gpu_s",
         "restart_until_s",
+        "save_exit_s",
         "spec",
         "spec_replicas",
         "startup",
@@ -83,11 +84,20 @@ class SimJob:
         "version",
     )
 
-    def __init__(self, spec: WorkloadJob, *, queue: QueueName, restart_cost_s: float) -> None:
+    def __init__(
+        self,
+        spec: WorkloadJob,
+        *,
+        queue: QueueName,
+        restart_cost_s: float,
+        save_exit_s: float = 0.0,
+    ) -> None:
         self.spec = spec
         self.key: JobKey = spec.key
         self.queue = queue
         self.restart_cost_s = restart_cost_s
+        # Seconds its departing workers hold their GPUs after a graceful stop (save and exit).
+        self.save_exit_s = save_exit_s
         self.status = Status.WAITING
         self.spec_replicas = spec.requested_replicas
         self.pods: list[int] = []

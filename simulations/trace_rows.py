@@ -27,7 +27,7 @@ from simulations.workload import DEFAULT_CHECKPOINT_INTERVAL_S, WorkloadJob
 Row = Mapping[str, Any]
 
 
-def _bool(value: Any) -> bool:
+def _bool(value: Any, column: str = "elastic") -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -35,7 +35,7 @@ def _bool(value: Any) -> bool:
         return True
     if text in ("false", "0", "no", ""):
         return False
-    raise ValueError(f"elastic must be true or false, got {value!r}")
+    raise ValueError(f"{column} must be true or false, got {value!r}")
 
 
 def column_float(row: Row, key: str) -> float:
@@ -218,8 +218,10 @@ TRACE_COLUMNS = (
     "job_type",
     "restart_cost_s",
     "checkpoint_interval_s",
+    "save_exit_s",
     "throughput",
     "replicas_over_time",
+    "declares_planned_samples",
 )
 """The columns of tide's trace format, in the order ``write_tide_trace`` writes them."""
 
@@ -242,9 +244,13 @@ class TraceRow:
         restart_cost_s: seconds without progress after a membership change; None for the
             cluster's.
         checkpoint_interval_s: progress seconds between checkpoints; None for the default.
+        save_exit_s: seconds its departing workers take to save and exit after a graceful
+            shrink; None for the cluster's.
         throughput: the job's measured samples/s by size; empty when not measured.
         replicas_over_time: (seconds after submission, replicas) as the cluster ran it; the
             replay does not follow it (it decides anew), it is there for people and tools.
+        declares_planned_samples: whether the job declares its planned samples (the engine
+            then knows its remaining work); False (the default) leaves it unknown.
     """
 
     job_id: str
@@ -259,8 +265,10 @@ class TraceRow:
     job_type: str | None = None
     restart_cost_s: float | None = None
     checkpoint_interval_s: float | None = None
+    save_exit_s: float | None = None
     throughput: tuple[ThroughputMeasurement, ...] = ()
     replicas_over_time: tuple[tuple[float, int], ...] = ()
+    declares_planned_samples: bool = False
 
     def profile(self) -> ScalingProfile:
         """The job's scaling curve: its measured one, else its job type's (or the default's).
@@ -303,7 +311,9 @@ class TraceRow:
                 else self.checkpoint_interval_s
             ),
             restart_cost_s=self.restart_cost_s,
+            declares_planned_samples=self.declares_planned_samples,
             source=source,
+            save_exit_s=self.save_exit_s,
         )
 
 
@@ -336,6 +346,9 @@ def read_trace_row(row: Row) -> TraceRow:
         return column_float(row, key) if _optional(row, key) is not None else None
 
     queue = _optional(row, "queue")
+    save_exit_s = maybe_float("save_exit_s")
+    if save_exit_s is not None and not (math.isfinite(save_exit_s) and save_exit_s >= 0):
+        raise ValueError(f"save_exit_s must be a finite number >= 0 (seconds), got {save_exit_s}")
     return TraceRow(
         job_id=str(row["job_id"]),
         submit_s=column_float(row, "submit_s"),
@@ -349,8 +362,12 @@ def read_trace_row(row: Row) -> TraceRow:
         job_type=None if job_type is None else str(job_type),
         restart_cost_s=maybe_float("restart_cost_s"),
         checkpoint_interval_s=maybe_float("checkpoint_interval_s"),
+        save_exit_s=save_exit_s,
         throughput=() if throughput is None else parse_throughput(throughput),
         replicas_over_time=() if history is None else parse_replicas_over_time(history),
+        declares_planned_samples=_bool(
+            row.get("declares_planned_samples", False), "declares_planned_samples"
+        ),
     )
 
 
@@ -397,6 +414,7 @@ def write_tide_trace(path: Path, rows: Iterable[TraceRow]) -> int:
                         "job_type": row.job_type,
                         "restart_cost_s": row.restart_cost_s,
                         "checkpoint_interval_s": row.checkpoint_interval_s,
+                        "save_exit_s": row.save_exit_s,
                         "throughput": [
                             {"replicas": m.replicas, "samples_per_s": m.samples_per_s}
                             | ({} if m.nodes is None else {"nodes": m.nodes})
@@ -404,6 +422,7 @@ def write_tide_trace(path: Path, rows: Iterable[TraceRow]) -> int:
                         ]
                         or None,
                         "replicas_over_time": [list(p) for p in row.replicas_over_time] or None,
+                        "declares_planned_samples": row.declares_planned_samples or None,
                     }
                     f.write(json.dumps({k: v for k, v in record.items() if v is not None}) + "\n")
                     count += 1
@@ -427,11 +446,13 @@ def write_tide_trace(path: Path, rows: Iterable[TraceRow]) -> int:
                             row.job_type,
                             row.restart_cost_s,
                             row.checkpoint_interval_s,
+                            row.save_exit_s,
                         )
                     ]
                     + [
                         format_throughput(row.throughput),
                         ";".join(f"{t!r}:{n}" for t, n in row.replicas_over_time),
+                        "true" if row.declares_planned_samples else "",
                     ]
                 )
                 count += 1

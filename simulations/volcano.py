@@ -20,15 +20,25 @@ What is modelled (volcano-sh/volcano v1.16, DESIGN.md "Volcano facts"):
   the free GPUs kills elastic pods (never below a job's ``minAvailable``) of jobs in other,
   reclaimable queues that hold more than their deserved share, latest-submitted job first,
   only when that frees enough. The kill is abrupt: work since the last checkpoint is lost.
+- the ``extender`` plugin (a tide policy): before it evicts, reclaim asks tide's extender
+  (``Extender.answer``, the production code, with an ``EvictionRequest`` built from the victims,
+  each pod's grace period its job's save-and-exit time); the pods tide withholds are not
+  evicted, and when the rest no longer free enough nothing is. The session records what was
+  withheld and when the first window ends (``ClusterCore.withheld_pods``, ``withheld_until_s``):
+  the event loop reconciles at once and asks again when the window ends. Baselines run without.
+- releasing GPUs (pods saving and exiting after a graceful stop) are not free: nothing is
+  placed on them until they free (``ClusterCore.free_released``).
 - not modelled: ``preempt`` within a queue, priority classes, node affinity, CPU/memory, and
   reclaim choosing victims by node (it kills the highest task indices wherever they are).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 
+from scheduler_policy.extender import EvictionRequest, Extender, Task
 from scheduler_policy.vocabulary.state import QueueName
 from simulations.core import ClusterCore
 from simulations.state import SimJob, Status
@@ -176,8 +186,10 @@ def _reclaim(
     job: SimJob,
     deserved: dict[QueueName, float],
     allocated: dict[QueueName, float],
+    extender: Extender | None = None,
 ) -> bool:
-    """Kill elastic pods of over-share reclaimable queues so that ``job`` can start."""
+    """Kill elastic pods of over-share reclaimable queues so that ``job`` can start; with an
+    extender, only the victims it agrees to."""
     need = job.spec.min_gpus - core.nodes.total_free
     if need <= 0:
         return False
@@ -201,18 +213,93 @@ def _reclaim(
             break
     if freed < need:
         return False
+    if extender is not None:
+        return _reclaim_asking(
+            core, job, victims, need=need, extender=extender, allocated=allocated
+        )
     for other, take in victims:
         core.remove_pods(other, take, graceful=False)
         allocated[other.queue] -= take * other.spec.gpus_per_replica
     return True
 
 
-def run_session(core: ClusterCore, *, order: JobOrder = fifo_order) -> None:
+SCALING_TASK = "worker"
+"""The scaling task's name in the simulated Jobs (as ``JobState.task``'s default)."""
+
+
+def victim_task(job: SimJob, position: int) -> Task:
+    """The TaskInfo Volcano would send for the job's pod at ``position`` (in ``job.pods``).
+
+    Its UID is ``<job>#<task index>``, its grace period the job's save-and-exit time (its pods'
+    ``terminationGracePeriodSeconds`` covers the save).
+    """
+    index = job.pod_indices[position]
+    namespace, _, name = job.key.partition("/")
+    return Task(
+        uid=f"{job.key}#{index}",
+        podgroup=job.key,
+        name=f"{name}-{SCALING_TASK}-{index}",
+        namespace=namespace,
+        role=SCALING_TASK,
+        node=f"node-{job.pods[position]}",
+        gpus=float(job.spec.gpus_per_replica),
+        preemptable=True,
+        job=job.key,
+        task_index=index,
+        grace_period_s=job.save_exit_s,
+        text=json.dumps({"UID": f"{job.key}#{index}"}),
+    )
+
+
+def _reclaim_asking(
+    core: ClusterCore,
+    job: SimJob,
+    victims: list[tuple[SimJob, int]],
+    *,
+    need: float,
+    extender: Extender,
+    allocated: dict[QueueName, float],
+) -> bool:
+    """Ask the extender about the victims; evict the ones it agrees to, when they free enough."""
+    tasks: list[Task] = []
+    where: dict[str, tuple[SimJob, int]] = {}
+    for other, take in victims:
+        for position in range(len(other.pods) - take, len(other.pods)):
+            task = victim_task(other, position)
+            tasks.append(task)
+            where[task.uid] = (other, position)
+    request = EvictionRequest(evictor=None, evictees=tuple(tasks))
+    answer = extender.answer(request, verb="reclaimable", now_s=core.now_s)
+    if answer.status == 0:
+        agreed = tasks
+    else:
+        agreed = list(answer.victims)
+        core.withheld_pods += len(answer.withheld)
+        if answer.until_s is not None:
+            first = core.withheld_until_s
+            core.withheld_until_s = answer.until_s if first is None else min(first, answer.until_s)
+    if sum(task.gpus for task in agreed) < need:
+        return False
+    by_job: dict[str, tuple[SimJob, list[int]]] = {}
+    for task in agreed:
+        other, position = where[task.uid]
+        by_job.setdefault(other.key, (other, []))[1].append(position)
+    for other, positions in by_job.values():
+        core.kill_pods(other, sorted(positions))
+        allocated[other.queue] -= len(positions) * other.spec.gpus_per_replica
+    return True
+
+
+def run_session(
+    core: ClusterCore, *, order: JobOrder = fifo_order, extender: Extender | None = None
+) -> None:
     """Run one scheduling session at the core's current time.
 
     Args:
         core: the cluster; placements and kills are applied to it.
         order: the job order within a queue.
+        extender: tide's extender, asked before reclaim evicts (None: Volcano's plain reclaim).
+            What it withheld is added to ``core.withheld_pods`` and ``core.withheld_until_s``.
     """
     capability = real_capability(core)
     allocated, request = queue_usage(core)
@@ -223,7 +310,7 @@ def run_session(core: ClusterCore, *, order: JobOrder = fifo_order) -> None:
         retry = False
         for job in blocked:
             if allocated[job.queue] + job.spec.min_gpus <= deserved[job.queue] + _EPS:
-                retry = _reclaim(core, job, deserved, allocated) or retry
+                retry = _reclaim(core, job, deserved, allocated, extender) or retry
         if retry:
             blocked = _allocate(core, deserved, allocated)
     core.blocked_queues = frozenset(

@@ -31,6 +31,12 @@ class WorkloadJob:
         profile: work units per second at each size.
         checkpoint_interval_s: progress seconds between two checkpoints.
         restart_cost_s: seconds without progress after a membership change; None for the default.
+        declares_planned_samples: whether the job declares the samples its whole run will train
+            on (in production the worker runtime's ``tide_worker_planned_samples``, exported
+            when the script declares both its epochs and its dataset), so that the engine can
+            read its remaining samples (planned minus consumed); False leaves them unknown.
+        save_exit_s: seconds its departing workers take to save and exit after a graceful
+            shrink (their GPUs stay held meanwhile); None for the cluster's default.
         source: where it came from (``file:line``), for messages.
     """
 
@@ -46,7 +52,9 @@ class WorkloadJob:
     profile: ScalingProfile
     checkpoint_interval_s: float = DEFAULT_CHECKPOINT_INTERVAL_S
     restart_cost_s: float | None = None
+    declares_planned_samples: bool = False
     source: str = ""
+    save_exit_s: float | None = None
 
     def problems(self) -> list[str]:
         """What makes the job unrunnable, as sentences naming the field; empty when valid."""
@@ -66,6 +74,10 @@ class WorkloadJob:
             out.append(f"work_units must be > 0, got {self.work_units}")
         if not self.checkpoint_interval_s > 0:
             out.append(f"checkpoint_interval_s must be > 0, got {self.checkpoint_interval_s}")
+        if self.save_exit_s is not None and not (
+            math.isfinite(self.save_exit_s) and self.save_exit_s >= 0
+        ):
+            out.append(f"save_exit_s must be a finite number >= 0, got {self.save_exit_s}")
         return out
 
     @property
@@ -125,6 +137,14 @@ DEFAULT_DURATION_S = 24 * 3600.0
 MAX_BUILTIN_JOBS = 1_000_000
 """Most jobs the generator draws (ITP cluster04's two months have 15,802)."""
 _DAY_S = 86400.0
+
+# Share of the built-in workload's jobs that declare their planned samples. The worker runtime
+# exports them only when the script gives both its epochs and its dataset: an epoch-bounded
+# script does, one bounded by steps, tokens, wall time or early stopping (sweeps, pre-training)
+# does not. No published trace records the split, so the default is the midpoint: half the jobs
+# tell the engine their remaining work and half do not, so every run exercises both the
+# remaining-time ranking and its estimate from a job's age.
+DEFAULT_DECLARED_SHARE = 0.5
 
 
 def _clipped_lognormal_mean(mu: float, sigma: float, low: float, high: float) -> float:
@@ -197,6 +217,7 @@ def generate_workload(
     elastic_queue: str | None = None,
     fixed_queue: str | None = None,
     diurnal_amplitude: float = 0.5,
+    declared_share: float = DEFAULT_DECLARED_SHARE,
 ) -> Workload:
     """Generate tide's built-in workload: diurnal Poisson arrivals, heavy-tailed sizes/durations.
 
@@ -217,16 +238,22 @@ def generate_workload(
         fixed_queue: queue of the non-elastic jobs; None lets the cluster place them: in its
             first queue marked non-elastic, or its first queue when every queue is elastic.
         diurnal_amplitude: relative swing of the arrival rate, in [0, 1].
+        declared_share: share of jobs that declare their planned samples
+            (``WorkloadJob.declares_planned_samples``; see ``DEFAULT_DECLARED_SHARE``), in
+            [0, 1]. Drawn from a stream of its own, so it changes no other draw of a seed.
 
     Returns:
         The workload, sorted by submission time.
 
     Raises:
-        ValueError: a negative seed, or a load, cluster size or window that
-            ``arrivals_per_hour`` refuses.
+        ValueError: a negative seed, a declared share outside [0, 1], or a load, cluster
+            size or window that ``arrivals_per_hour`` refuses.
     """
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
+    if not 0.0 <= declared_share <= 1.0:
+        raise ValueError(f"declared_share must be in [0, 1], got {declared_share}")
+    declares = np.random.default_rng([seed, 17])
     jobs_per_hour = arrivals_per_hour(
         load=load,
         cluster_gpus=cluster_gpus,
@@ -273,6 +300,7 @@ def generate_workload(
                 requested_replicas=replicas,
                 work_units=run_s * job_type.profile.rate(replicas),
                 profile=job_type.profile,
+                declares_planned_samples=bool(declares.random() < declared_share),
                 source=f"built-in workload (seed {seed}), job {name}",
             )
         )

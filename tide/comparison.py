@@ -19,7 +19,13 @@ from scheduler_policy.policy.file import policy_document
 from simulations.api import Case, PolicyRun, Seeded, run_cases, write_json_report
 from simulations.bounds import jct_lower_bounds_h
 from simulations.cluster_config import ClusterSpec, cluster_document
-from simulations.report import Summary, summarize, write_jobs_csv
+from simulations.report import (
+    Summary,
+    policy_label,
+    remaining_work_known_share,
+    summarize,
+    write_jobs_csv,
+)
 from simulations.run import SimResult
 from simulations.workload import Workload
 
@@ -154,7 +160,7 @@ def summary_table(summaries: Sequence[Summary], *, title: str) -> Table:
     )
     for s in summaries:
         table.add_row(
-            s.policy,
+            policy_label(s.policy),
             fmt(s.avg_jct_h),
             fmt(s.median_jct_h),
             fmt(s.p95_jct_h),
@@ -192,7 +198,7 @@ def seeds_table(summaries: Sequence[Summary], *, title: str) -> Table:
     for policy, rows in _by_policy(summaries).items():
         avg = [r.avg_jct_h for r in rows if not math.isnan(r.avg_jct_h)]
         table.add_row(
-            policy,
+            policy_label(policy),
             fmt(_median(avg)),
             f"{fmt(min(avg))}–{fmt(max(avg))}" if avg else "-",
             fmt(_median([r.p95_jct_h for r in rows])),
@@ -336,6 +342,7 @@ def run_comparison(
             cases, cluster=cluster, on_done=advance, workers=workers, on_progress=show
         )
     summaries = [summarize(r) for r in results]
+    known = [remaining_work_known_share(one.workload, one.options) for one in seeded]
     bounds = (
         jct_lower_bounds_h([one.workload for one in seeded], cluster)
         if with_bound
@@ -346,6 +353,7 @@ def run_comparison(
         _print_one(console, summaries, first, cluster, bounds[0], resizing)
     else:
         _print_seeds(console, summaries, seeds, seeded, cluster, bounds, reference=runs[0].label)
+    console.print(known_line(known))
     for summary, seed in zip(summaries, seeds, strict=True):
         if summary.finished < summary.jobs:
             where = f" (seed {seed})" if len(seeded) > 1 else ""
@@ -365,6 +373,10 @@ def run_comparison(
         # Each skipped row's line and reason (a trace skips the same rows at every seed).
         "skipped": [{"line": line, "problem": problem} for line, problem in first.workload.skipped],
         "avg_jct_lower_bound_h": _json_number(bounds[0]),
+        # Of the elastic jobs, those whose remaining work tide's engine is told (planned samples
+        # declared, and not hidden by --no-declared-work); optimus (oracle) knows all of it.
+        "remaining_work_known_share": _json_number(known[0]),
+        "remaining_work_known_share_by_seed": [_json_number(k) for k in known],
         "seeds": [one.seed for one in seeded],
         "jobs_by_seed": [len(one.workload.jobs) for one in seeded],
         "avg_jct_lower_bound_h_by_seed": [_json_number(b) for b in bounds],
@@ -406,6 +418,21 @@ def run_comparison(
         f"in {out_dir}"
     )
     return summaries
+
+
+def known_line(known: Sequence[float]) -> str:
+    """What tide's engine knew of the remaining work, on screen: the share of elastic jobs whose
+    remaining work it was told (``remaining_work_known_share``; the median over seeds), and that
+    optimus alone is handed all of it."""
+    finite = [k for k in known if not math.isnan(k)]
+    if not finite:
+        return "remaining work: no elastic job"
+    median = " (median over the seeds)" if len(finite) > 1 else ""
+    return (
+        f"remaining work known to tide for {_median(finite):.0%} of elastic jobs{median} (those "
+        "that declare their planned samples); optimus (oracle) is handed every job's true "
+        "remaining work and scaling curve"
+    )
 
 
 def resize_lines(summaries: Sequence[Summary], *, resizing: dict[str, bool]) -> list[str]:

@@ -30,6 +30,7 @@ from tide.sim_options import (
     MemberOpt,
     MtbfOpt,
     NoBoundOpt,
+    NoDeclaredWorkOpt,
     NodeOrderOpt,
     OutageOpt,
     OutOpt,
@@ -155,6 +156,7 @@ def register(app: typer.Typer) -> None:
         end_h: EndOpt = None,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
+        no_declared_work: NoDeclaredWorkOpt = False,
         node_mtbf_h: MtbfOpt = None,
         outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
@@ -181,7 +183,11 @@ def register(app: typer.Typer) -> None:
                 end_h=end_h,
                 profiles=profiles,
                 options=seed_options(
-                    horizon_h=horizon_h, mtbf_h=node_mtbf_h, outage_h=outage_h, quiet_s=quiet_s
+                    horizon_h=horizon_h,
+                    mtbf_h=node_mtbf_h,
+                    outage_h=outage_h,
+                    quiet_s=quiet_s,
+                    declared_work=not no_declared_work,
                 ),
             )
             policy = load_policy(policy_file) if policy_file else default_policy_for(cluster)
@@ -219,6 +225,7 @@ def register(app: typer.Typer) -> None:
         end_h: EndOpt = None,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
+        no_declared_work: NoDeclaredWorkOpt = False,
         node_mtbf_h: MtbfOpt = None,
         outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
@@ -244,7 +251,11 @@ def register(app: typer.Typer) -> None:
                 end_h=end_h,
                 profiles=profiles,
                 options=seed_options(
-                    horizon_h=horizon_h, mtbf_h=node_mtbf_h, outage_h=outage_h, quiet_s=quiet_s
+                    horizon_h=horizon_h,
+                    mtbf_h=node_mtbf_h,
+                    outage_h=outage_h,
+                    quiet_s=quiet_s,
+                    declared_work=not no_declared_work,
                 ),
             )
             runs: list[PolicyRun] = []

@@ -124,6 +124,16 @@ NoBoundOpt = Annotated[
         "most workloads); the output says it was skipped.",
     ),
 ]
+NoDeclaredWorkOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-declared-work",
+        help="Hide every job's remaining work from tide's engine, even where the job declares "
+        "its planned samples (a Pollux trace's jobs, the trace's declares_planned_samples "
+        "column, half the built-in workload's jobs): as on a cluster whose training scripts "
+        "export no tide_worker_planned_samples. optimus (oracle) still knows it.",
+    ),
+]
 ProfilesOpt = Annotated[
     Path | None,
     typer.Option(
@@ -325,9 +335,11 @@ def seed_options(
     mtbf_h: float | None,
     outage_h: float | None,
     quiet_s: float | None,
+    declared_work: bool = True,
 ) -> Callable[[int], RunOptions]:
     """The run options the flags give, for each seed (its faults and measurement noise). The
     flags are checked here, before any file is read; they do not depend on the seed.
+    ``declared_work`` False is ``--no-declared-work`` (``MetricsOptions.declared_work``).
 
     Raises:
         typer.BadParameter: a flag that is not a finite positive number, named with its unit
@@ -355,7 +367,7 @@ def seed_options(
         return RunOptions(
             horizon_s=horizon_h * 3600 if horizon_h is not None else None,
             faults=faults,
-            metrics=dataclasses.replace(base.metrics, seed=seed),
+            metrics=dataclasses.replace(base.metrics, seed=seed, declared_work=declared_work),
             quiet_interval_s=quiet_s,
         )
 

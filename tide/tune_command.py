@@ -52,6 +52,7 @@ from tide.sim_options import (
     MemberOpt,
     MtbfOpt,
     NoBoundOpt,
+    NoDeclaredWorkOpt,
     NodeOrderOpt,
     OutageOpt,
     ProfilesOpt,
@@ -362,6 +363,7 @@ def register(app: typer.Typer) -> None:
         end_h: EndOpt = None,
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
+        no_declared_work: NoDeclaredWorkOpt = False,
         node_mtbf_h: MtbfOpt = None,
         outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
@@ -380,7 +382,11 @@ def register(app: typer.Typer) -> None:
             chosen = seed_list(seeds)
 
             options = seed_options(  # the flags are checked before any file is read
-                horizon_h=horizon_h, mtbf_h=node_mtbf_h, outage_h=outage_h, quiet_s=quiet_s
+                horizon_h=horizon_h,
+                mtbf_h=node_mtbf_h,
+                outage_h=outage_h,
+                quiet_s=quiet_s,
+                declared_work=not no_declared_work,
             )
             space = load_search_space(space_file)
             cluster = with_node_order(

@@ -73,6 +73,19 @@ class Allocation:
     next_gains: FloatArray
 
 
+def _expected_remaining_s(age_s: FloatArray, assumed_s: float) -> FloatArray:
+    """Expected remaining run time of jobs that do not report their progress, from their age.
+
+    Job durations are heavy-tailed (Philly, Helios: a lognormal whose tail spans hours), so a
+    job that has run long is likely to run long yet, as least-attained-service schedulers
+    (Tiresias) reason. Under a Lomax (Pareto II) law with shape 2 and mean ``assumed_s``, the
+    expected remaining time at age a is ``assumed_s + a``: the policy's assumed remaining time
+    when the job starts, growing by a second per second it has run. NaN ages (unknown) give
+    ``assumed_s``.
+    """
+    return assumed_s + np.nan_to_num(age_s, nan=0.0)
+
+
 def _curve(t: JobTable, n: FloatArray) -> FloatArray:
     """Each job's throughput at replica counts ``n`` (one row per job)."""
     return usl_throughput(t.lam[:, None], t.sigma[:, None], t.kappa[:, None], n)
@@ -90,6 +103,7 @@ def allocate(
     floor: IntArray | None = None,
     stale: BoolArray | None = None,
     cooling: BoolArray | None = None,
+    now_s: float | None = None,
 ) -> Allocation:
     """Decide a target for every running elastic job.
 
@@ -116,6 +130,8 @@ def allocate(
         cooling: the jobs the damping holds in place this round unless a budget forces them
             (rescaled within the cooldown or the decision interval): they give no replica to
             another job's growth, since the trade's shrink would not happen. None for none.
+        now_s: the engine's clock, for each job's age (``JobTable.running_since_s``); None
+            where ages are not known (no age-based estimate, no starvation bound).
 
     Returns:
         Targets within [min, max] that fit every budget, with reasons.
@@ -141,10 +157,15 @@ def allocate(
     # Time saved by the k-th replica over the remaining run, against the restart it costs:
     # remaining work W = T·X(cur) in curve units, saved = W·(1/X(k−1) − 1/X(k)).
     x_cur = _curve(table, np.maximum(cur, 1.0)[:, None])[:, 0]
+    age_s = (
+        np.full(count, np.nan)
+        if now_s is None
+        else np.maximum(now_s - table.running_since_s, 0.0)  # NaN stays NaN
+    )
     remaining_s = np.where(
         np.isfinite(table.remaining_samples),
         table.remaining_samples / np.where(x_cur > 0, x_cur, np.inf),
-        defaults.assumed_remaining_s,
+        _expected_remaining_s(age_s, defaults.assumed_remaining_s),
     )
     with np.errstate(divide="ignore", invalid="ignore"):
         gain = np.where(x_prev > 0, x_new / x_prev - 1.0, _FIRST_VALUE)
@@ -153,7 +174,19 @@ def allocate(
     if objective is Objective.COMPLETION_TIME:
         # Shortest remaining time first: the same speedup is worth more to a job that finishes
         # sooner (a floor of one minute keeps a job about to finish from taking everything).
-        per_gpu = per_gpu / np.maximum(remaining_s, 60.0)[:, None]
+        rank_s = np.broadcast_to(np.maximum(remaining_s, 60.0)[:, None], per_gpu.shape)
+        aging_s = defaults.starvation_bound_s
+        if aging_s is not None:
+            # Aging: past the bound, the replicas up to a job's asked size rank as if its
+            # remaining time were divided by 1 + (age - bound) / bound, so a long job below its
+            # asked size rises with its age above the short ones that keep it there. (Ranked
+            # first outright after 2 h or 5 h, or aged by the square or cube of that factor,
+            # the long jobs took so much that Pollux workloads 1, 2 and 4 at seed 0 lost 4-100%
+            # in average JCT.)
+            beyond = np.maximum(np.nan_to_num(age_s, nan=0.0) - aging_s, 0.0) / aging_s
+            owed = (beyond > 0)[:, None] & (k <= table.requested[:, None])
+            rank_s = np.where(owed, rank_s / (1.0 + beyond)[:, None], rank_s)
+        per_gpu = per_gpu / np.maximum(rank_s, 60.0)
     value = np.minimum.accumulate(np.where(valid, per_gpu, -np.inf), axis=1)
     saved_s = np.where(x_prev > 0, saved_s, np.inf)
     worth = saved_s > table.restart_cost_s[:, None]

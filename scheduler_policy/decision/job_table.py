@@ -40,6 +40,9 @@ class JobTable:
         nonelastic_gpus: GPUs the job holds outside its scaling task.
         restart_cost_s: seconds a restart costs (the policy default where the job sets none).
         remaining_samples: samples left, NaN where unknown or the curve is not measured.
+        running_since_s: when each job first ran, NaN where unknown.
+        requested: the replicas each job's owner asked for, within [min, max]; its minimum
+            where unknown.
         last_rescale_s: when the job was last rescaled, NaN for never.
         lam, sigma, kappa: each job's scaling curve.
         measured: whether the curve comes from the job's own measurements.
@@ -58,6 +61,8 @@ class JobTable:
     nonelastic_gpus: FloatArray
     restart_cost_s: FloatArray
     remaining_samples: FloatArray
+    running_since_s: FloatArray
+    requested: IntArray
     last_rescale_s: FloatArray
     lam: FloatArray
     sigma: FloatArray
@@ -99,6 +104,9 @@ class JobTable:
         current = integers("current_replicas")
         measured = np.fromiter(map(attrgetter("measured"), curves), dtype=bool, count=count)
         restart = column("restart_cost_s")
+        hi = np.maximum(integers("max_replicas"), lo)
+        asked = column("requested_replicas")
+        requested = np.clip(np.where(np.isnan(asked), lo, asked), lo, hi).astype(np.int64)
         return cls(
             jobs=tuple(jobs),
             keys=tuple(map(attrgetter("key"), jobs)),
@@ -107,13 +115,15 @@ class JobTable:
                 map(index.__getitem__, map(attrgetter("queue"), jobs)), dtype=np.int64, count=count
             ),
             min_replicas=lo,
-            max_replicas=np.maximum(integers("max_replicas"), lo),
+            max_replicas=hi,
             current=current,
             held=_held(current.astype(np.float64), column("scheduled_replicas")),
             gpus_per_replica=column("gpus_per_replica"),
             nonelastic_gpus=column("nonelastic_gpus"),
             restart_cost_s=np.where(np.isnan(restart), default_restart_cost_s, restart),
             remaining_samples=np.where(measured, column("remaining_samples"), np.nan),
+            running_since_s=column("running_since_s"),
+            requested=requested,
             last_rescale_s=column("last_rescale_s"),
             lam=column("lambda_samples_per_s", curves),
             sigma=column("sigma", curves),

@@ -248,6 +248,7 @@ def settle(
             floor=budgets.floor,
             cooling=cooling,
             stale=stale,
+            now_s=now_s,
         )
         stabilized = _damp(table, allocation, budgets, policy=policy, now_s=now_s)
         if passes == MAX_PASSES or not budgets.gives_back:

@@ -1,23 +1,29 @@
 """The extender's answer to Volcano: which proposed victims tide keeps while its own shrink runs.
 
 Volcano's reclaim runs every scheduling session (about a second); tide decides on an interval, so
-without help reclaim kills the elastic pods tide is about to shrink gracefully. Asked first (the
-``reclaimable``/``preemptable`` verbs), tide withholds those pods for a bounded grace window, a
-little longer than their save-and-exit time, and reconciles at once; its shrink frees the GPUs and
-Volcano places the gang in a following session. The rules (DESIGN.md, "Graceful shrink"):
+without help reclaim kills elastic pods abruptly before tide can shrink gracefully. Asked first
+(the ``reclaimable``/``preemptable`` verbs), tide withholds an elastic job's pods for a bounded
+grace window, a little longer than their save-and-exit time, and reconciles at once; its shrink
+(of the jobs whose last replicas buy the least, which need not be the ones Volcano proposed)
+frees the GPUs and Volcano places the gang in a following session; after the window Volcano
+proceeds as without tide. The rules (DESIGN.md, "Graceful shrink"):
 
 - abstain (``status 0``) when tide is not the leader, has no plan, or its plan is older than the
   staleness bound: Volcano then proceeds as if tide were absent;
-- a pod is withheld when its Volcano job is being shrunk by tide and its task index is at or
-  above the job's target (the pods tide's shrink deletes), never below the job's minimum, never
+- a pod is withheld when it is of the scaling task of an elastic job in tide's plan, from the
+  first ask (before the plan shrinks that job: the reconcile the withholding triggers decides
+  which jobs shrink), with a task index at or above the job's minimum (never below it), never
   when the pod is not preemptable (not tide's to offer or protect), and only for the pod's
   ``terminationGracePeriodSeconds`` plus a margin, counted from the first time it was withheld;
+  a window whose pod Volcano stopped asking about for twice its length is over and forgotten
+  (that reclaim ended; a later one starts a new window);
 - nothing withheld: abstain; otherwise ``status 1`` with the victims = the evictees minus the
   withheld, each the TaskInfo object Volcano sent (it matches victims by UID and evicts the
   objects it reads back).
 
 ``ExtenderView`` is pure data built after each reconcile; ``Extender`` is the one mutable object
-(the engine thread swaps the view, the HTTP thread answers), guarded by a lock.
+(the engine thread swaps the view, the HTTP thread answers), guarded by a lock. The simulator's
+reclaim asks the same ``Extender`` for a tide policy.
 """
 
 from __future__ import annotations
@@ -69,12 +75,15 @@ class AnswerReason(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ShrinkingJob:
-    """An elastic job tide is shrinking (or just shrank): the pods it will delete are its own.
+    """An elastic job in tide's plan, whose pods above its minimum tide may withhold.
+
+    (The name is older than the rule: the view once held only the jobs tide was shrinking.)
 
     Attributes:
         key: the Volcano Job key ``namespace/name``.
         task: the scaling task's name; pods of other tasks are not tide's.
-        target_replicas: replicas tide shrinks it to: pods with task index >= this go.
+        target_replicas: replicas tide's plan sets (at most its current replicas): pods with
+            task index >= this are the ones its own shrink deletes.
         min_replicas: the job's minimum (the minAvailable floor): pods below it are never tide's.
     """
 
@@ -86,10 +95,10 @@ class ShrinkingJob:
 
 @dataclass(frozen=True, slots=True)
 class ExtenderView:
-    """What the extender knows of tide's plan: the jobs tide is shrinking, and whether to speak.
+    """What the extender knows of tide's plan: the elastic jobs, and whether to speak.
 
     Attributes:
-        jobs: the shrinking jobs by key.
+        jobs: the plan's elastic jobs by key.
         leader: whether this engine is the leader (only the leader's plan is applied).
         made_s: when the plan was made, seconds since the epoch.
     """
@@ -104,9 +113,8 @@ class ExtenderView:
     ) -> ExtenderView:
         """The view of one reconcile's plan.
 
-        A job is shrinking when its decision's target is below its current replicas (tide is
-        about to shrink it), or when it still has pods at or above its replicas (tide just did:
-        those pods are terminating). Non-elastic jobs never are.
+        Every elastic job of the observation is in it, with its decision's target (at most its
+        current replicas); non-elastic jobs never are.
 
         Args:
             plan: what ``decide`` returned for the observation.
@@ -123,14 +131,12 @@ class ExtenderView:
             if not job.elastic:
                 continue
             target = min(targets.get(job.key, job.current_replicas), job.current_replicas)
-            beyond = any(pod.index >= job.current_replicas for pod in job.pods)
-            if target < job.current_replicas or beyond:
-                jobs[job.key] = ShrinkingJob(
-                    key=job.key,
-                    task=job.task,
-                    target_replicas=max(target, 0),
-                    min_replicas=job.min_replicas,
-                )
+            jobs[job.key] = ShrinkingJob(
+                key=job.key,
+                task=job.task,
+                target_replicas=max(target, 0),
+                min_replicas=job.min_replicas,
+            )
         return cls(jobs=MappingProxyType(jobs), leader=leader, made_s=now_s)
 
 
@@ -145,6 +151,8 @@ class Answer:
             reconcile at once.
         reason: why, CamelCase.
         message: one sentence for people.
+        until_s: when the earliest grace window of the withheld pods ends, seconds since the
+            epoch (an ask from then on gets that pod as a victim); None when none is withheld.
     """
 
     status: int
@@ -152,6 +160,7 @@ class Answer:
     withheld: tuple[Task, ...]
     reason: AnswerReason
     message: str = field(default="", compare=False)
+    until_s: float | None = None
 
     def body(self) -> dict[str, Any]:
         """The JSON reply Volcano reads, as a dict.
@@ -193,8 +202,9 @@ class Extender:
         self.grace_margin_s = grace_margin_s
         self._lock = threading.Lock()
         self._view: ExtenderView | None = None
-        # pod UID -> (its job, when it was first withheld, seconds since the epoch)
-        self._first_withheld_s: dict[str, tuple[JobKey, float]] = {}
+        # pod UID -> (its job, when it was first withheld, when it was last asked about;
+        # seconds since the epoch)
+        self._first_withheld_s: dict[str, tuple[JobKey, float, float]] = {}
 
     @property
     def stale_after_s(self) -> float:
@@ -219,8 +229,7 @@ class Extender:
     def update(self, view: ExtenderView) -> None:
         """Answer from ``view`` from now on.
 
-        Grace windows of pods whose job is no longer shrinking are forgotten (the shrink is
-        over; a later shrink starts new windows).
+        Grace windows of pods whose job is no longer in the plan are forgotten.
 
         Args:
             view: the view of the latest plan.
@@ -265,17 +274,27 @@ class Extender:
         victims: list[Task] = []
         withheld: list[Task] = []
         expired = 0
+        until_s = float("inf")
+        windows = self._first_withheld_s
         for task in request.evictees:
-            job = _shrinking_job_of(task, view)
+            job = _managed_job_of(task, view)
             if job is None:
                 victims.append(task)
                 continue
-            _, since_s = self._first_withheld_s.setdefault(task.uid, (job.key, now_s))
-            if now_s - since_s >= task.grace_period_s + self.grace_margin_s:
+            window_s = task.grace_period_s + self.grace_margin_s
+            entry = windows.get(task.uid)
+            if entry is None or entry[0] != job.key or now_s - entry[2] > 2 * window_s:
+                since_s = now_s  # a new window: first ask, or that reclaim ended long ago
+            else:
+                since_s = entry[1]
+            windows[task.uid] = (job.key, since_s, max(now_s, entry[2] if entry else now_s))
+            end_s = since_s + window_s
+            if now_s >= end_s:
                 expired += 1
                 victims.append(task)
             else:
                 withheld.append(task)
+                until_s = min(until_s, end_s)
         if not withheld:
             if expired:
                 return _abstain(
@@ -291,22 +310,23 @@ class Extender:
             victims=tuple(victims),
             withheld=tuple(withheld),
             reason=AnswerReason.WITHHOLD_FOR_SHRINK,
-            message=f"tide withholds {names}: its own shrink deletes them gracefully",
+            message=f"tide withholds {names}: its own shrink frees GPUs gracefully",
+            until_s=until_s,
         )
 
 
-def _shrinking_job_of(task: Task, view: ExtenderView) -> ShrinkingJob | None:
-    """The job whose shrink deletes this pod, or None when the pod is not tide's to withhold.
+def _managed_job_of(task: Task, view: ExtenderView) -> ShrinkingJob | None:
+    """The elastic job this pod is tide's to withhold for, or None.
 
-    It is tide's when it is preemptable, of the scaling task of a job tide shrinks, with a task
-    index at or above the job's target and its minimum.
+    It is tide's when it is preemptable, of the scaling task of an elastic job in tide's plan,
+    with a task index at or above the job's minimum.
     """
     if not task.preemptable or task.job is None or task.task_index is None:
         return None
     job = view.jobs.get(task.job)
     if job is None or (task.role and task.role != job.task):
         return None
-    if task.task_index < job.target_replicas or task.task_index < job.min_replicas:
+    if task.task_index < job.min_replicas:
         return None
     return job
 

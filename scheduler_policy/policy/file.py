@@ -50,7 +50,7 @@ _METADATA_KEYS = ("name", "labels", "annotations")
 _SPEC_KEYS = ("interval", "modelRefitInterval", "objective", "defaults", "queues", "metrics")
 _OBJECTIVES = {o.value: o for o in Objective}
 _DEFAULTS_KEYS = ("tolerance", "restartCost", "cooldown", "maxStepUp", "maxStepDown")
-_DEFAULTS_KEYS_MORE = ("stabilizationWindow", "assumedRemaining")
+_DEFAULTS_KEYS_MORE = ("stabilizationWindow", "assumedRemaining", "starvationBound")
 _WINDOW_KEYS = ("up", "down")
 _QUEUE_KEYS = ("name", "elastic", "borrowIdleGpus", "maxElasticGpus", "headroom")
 _HEADROOM_KEYS = ("gpus", "forecastQuantile", "horizon")
@@ -80,6 +80,11 @@ def _optional_quantile(value: object, path: str) -> float | None:
     if not 0 < number < 1:
         raise ValueError(f"{path}: must be between 0 and 1, got {show(value)}")
     return number
+
+
+def _optional_bound(value: object, path: str) -> float | None:
+    """``starvationBound``: a duration longer than 0s, or null for no bound."""
+    return None if value is None else positive_duration(value, path)
 
 
 def _step(value: object, path: str) -> int:
@@ -125,6 +130,9 @@ def _parse_defaults(spec: Section) -> Defaults:
         ),
         assumed_remaining_s=defaults.get(
             "assumedRemaining", base.assumed_remaining_s, positive_duration
+        ),
+        starvation_bound_s=defaults.get(
+            "starvationBound", base.starvation_bound_s, _optional_bound
         ),
     )
 
@@ -335,6 +343,9 @@ def policy_document(policy: ElasticPolicy) -> dict[str, Any]:
                 "down": _seconds(d.window_down_s),
             },
             "assumedRemaining": _seconds(d.assumed_remaining_s),
+            "starvationBound": (
+                None if d.starvation_bound_s is None else _seconds(d.starvation_bound_s)
+            ),
         },
         "queues": [
             {

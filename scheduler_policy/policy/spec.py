@@ -39,7 +39,12 @@ class Defaults:
         max_step_down: likewise, most replicas removed.
         window_up_s: scale up only to the lowest target recommended over this window.
         window_down_s: scale down only to the highest target recommended over this window.
-        assumed_remaining_s: remaining run time assumed for a job that does not report its progress.
+        assumed_remaining_s: remaining run time assumed for a job that does not report its
+            progress, when it starts; the estimate grows with the job's age (``allocate``).
+        starvation_bound_s: the age after which a job below the replicas its owner asked for
+            gains priority (aging): the replicas up to its asked size rank as if its remaining
+            time were divided by ``1 + (age - bound) / bound``, so shortest-remaining-first
+            lets no long job sit below its asked size for ever. None for no aging.
     """
 
     tolerance: float = 0.05
@@ -50,6 +55,7 @@ class Defaults:
     window_up_s: float = 0.0
     window_down_s: float = 300.0
     assumed_remaining_s: float = 3600.0
+    starvation_bound_s: float | None = 3600.0
 
 
 @dataclass(frozen=True, slots=True)

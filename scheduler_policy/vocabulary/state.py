@@ -185,6 +185,12 @@ class JobState:
         pods: the scaling task's pods with their task index and node, lowest index first,
             terminating ones included until they are gone (they hold their GPUs); empty when
             the source does not read pods.
+        running_since_s: when the job first ran (its gang first scheduled), seconds on the
+            engine's clock; its age, which the allocator's objective reads where the remaining
+            work is unknown. None when unknown or not started.
+        requested_replicas: the replicas the job's owner asked for (the scaling task's
+            replicas as submitted, before tide changed them); the size a job that has run long
+            is owed before others grow (``Defaults.starvation_bound_s``). None when unknown.
     """
 
     key: JobKey
@@ -206,6 +212,8 @@ class JobState:
     scheduled_replicas: int | None = None
     stale_reason: str | None = None
     pods: tuple[PodPlacement, ...] = ()
+    running_since_s: float | None = None
+    requested_replicas: int | None = None
 
     def with_metrics(
         self, history: tuple[ThroughputPoint, ...], remaining_samples: float | None
@@ -231,6 +239,8 @@ class JobState:
             last_rescale_s=self.last_rescale_s,
             restart_cost_s=self.restart_cost_s,
             remaining_samples=remaining_samples,
+            running_since_s=self.running_since_s,
+            requested_replicas=self.requested_replicas,
             task=self.task,
             recommendations=self.recommendations,
             nonelastic_gpus=self.nonelastic_gpus,

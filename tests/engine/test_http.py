@@ -36,12 +36,14 @@ class Engine:
     alive: bool = True
     ready: tuple[bool, str] = (True, "")
     withheld_calls: int = 0
+    withheld_pods: int = 0
     extender: Extender = field(default_factory=lambda: Extender(stale_after_s=90.0))
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     on_withheld_error: bool = False
 
-    def on_withheld(self) -> None:
+    def on_withheld(self, count: int) -> None:
         self.withheld_calls += 1
+        self.withheld_pods += count
         if self.on_withheld_error:
             raise RuntimeError("reconcile queue is closed")
 
@@ -120,8 +122,10 @@ def test_the_recorded_body_is_answered_without_the_pods_tide_shrinks(served: Ser
     status, answer = served.post_json("/extender/reclaimable", encode(body))
 
     assert status == 200
-    assert answer == {"status": 1, "victims": body["evictees"][:2]}  # workers 1 and 5, whole
-    assert served.engine.withheld_calls == 1
+    # Every pod at or above the minimum (2) is withheld, whatever the target: worker 1 is the
+    # only victim, whole.
+    assert answer == {"status": 1, "victims": body["evictees"][:1]}
+    assert (served.engine.withheld_calls, served.engine.withheld_pods) == (1, 4)
 
 
 @needs_wire
@@ -133,16 +137,16 @@ def test_the_answer_that_withholds_is_logged_once(
         served.post_json("/extender/preemptable", encode(recorded_body()))
     lines = [r.getMessage() for r in caplog.records if "withheld" in r.getMessage()]
     assert lines == [
-        "extender preemptable: WithholdForShrink: withheld 3 of 5 evictees: tide withholds"
-        " elastic-worker-10, elastic-worker-12, elastic-worker-17: its own shrink deletes them"
-        " gracefully"
+        "extender preemptable: WithholdForShrink: withheld 4 of 5 evictees: tide withholds"
+        " elastic-worker-5, elastic-worker-10, elastic-worker-12, elastic-worker-17: its own"
+        " shrink frees GPUs gracefully"
     ]
 
 
 ABSTAINS = [
     ("not the leader", make_view(leader=False)),
     ("a stale plan", make_view(made_s=NOW_S - 1000.0)),
-    ("nothing of tide's", make_view(target=20)),
+    ("nothing of tide's: every evictee below the minimum", make_view(minimum=20)),
     ("no plan", None),
 ]
 
@@ -209,7 +213,7 @@ def test_a_failing_reconcile_callback_does_not_change_the_answer(
     engine.extender.update(make_view(target=10))
     s = serve(engine)
     status, answer = s.post_json("/extender/reclaimable", encode(recorded_body()))
-    assert (status, answer["status"], len(answer["victims"])) == (200, 1, 2)
+    assert (status, answer["status"], len(answer["victims"])) == (200, 1, 1)
     assert engine.withheld_calls == 1
 
 
@@ -248,7 +252,7 @@ def test_a_check_that_raises_is_a_503_naming_it(serve: Callable[..., Served]) ->
         ready=broken,
         registry=CollectorRegistry(),
         extender=Extender(stale_after_s=90.0),
-        on_withheld=lambda: None,
+        on_withheld=lambda _count: None,
     )
     port = server.start("127.0.0.1", 0)
     try:
@@ -289,7 +293,7 @@ def test_a_port_in_use_is_an_os_error(served: Served) -> None:
         ready=lambda: (True, ""),
         registry=CollectorRegistry(),
         extender=Extender(stale_after_s=90.0),
-        on_withheld=lambda: None,
+        on_withheld=lambda _count: None,
     )
     with pytest.raises(OSError):
         other.start("127.0.0.1", served.port)

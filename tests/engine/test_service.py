@@ -24,7 +24,7 @@ from scheduler_policy.policy.file import policy_yaml
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.testing.fake import FakeCluster
 from scheduler_policy.vocabulary.errors import TemporaryError
-from scheduler_policy.vocabulary.state import JobKey, JobState
+from scheduler_policy.vocabulary.state import JobKey, JobState, PendingGang, QueueName
 from tests.scheduler_policy.builders import make_job, make_observation, make_policy
 from tide.engine.policy_watch import PolicyWatcher
 from tide.engine.service import Alone, EngineService, Round
@@ -118,6 +118,39 @@ def test_a_trigger_reconciles_at_once(make_service: Callable[..., Setup]) -> Non
     wait_for(lambda: setup.service.rounds >= 1, "the first round")
     setup.service.trigger("a pending gang appeared")
     wait_for(lambda: setup.service.rounds >= 2, "the triggered round")
+
+
+NOTICES = [
+    ("nothing new", (), 0, None),
+    ("a gang the last round saw", ("ns/seen",), 0, None),
+    ("a new pending gang", ("ns/seen", "ns/new"), 0, "1 new pending gang(s): ns/new"),
+    ("withheld pods", (), 2, "the extender withheld 2 pod(s) from eviction"),
+]
+
+
+@pytest.mark.parametrize(
+    ("gangs", "withheld", "why"), [n[1:] for n in NOTICES], ids=[n[0] for n in NOTICES]
+)
+def test_notice_reconciles_at_once_on_a_new_pending_gang_or_withheld_pods(
+    make_service: Callable[..., Setup], gangs: tuple[str, ...], withheld: int, why: str | None
+) -> None:
+    cluster = growing_cluster()
+    seen = PendingGang(key="ns/seen", queue=QueueName("default"), min_member=2, gpus=2.0)
+    cluster.pending_gangs = [seen]
+    setup = make_service(cluster=cluster, min_gap_s=0.0)  # an hour's interval
+    setup.service.start()
+    wait_for(lambda: setup.service.rounds >= 1, "the first round")
+    now = [
+        PendingGang(key=key, queue=QueueName("default"), min_member=2, gpus=2.0) for key in gangs
+    ]
+
+    assert setup.service.notice(pending_gangs=now, withheld_pods=withheld) == why
+
+    if why is not None:
+        wait_for(lambda: setup.service.rounds >= 2, "the triggered round")
+    else:
+        time.sleep(0.2)
+        assert setup.service.rounds == 1
 
 
 def test_a_storm_of_triggers_during_a_round_makes_one_more_round(

@@ -130,6 +130,7 @@ def test_full_document_sets_every_field() -> None:
                 "maxStepDown": 3,
                 "stabilizationWindow": {"up": "1m", "down": "10m"},
                 "assumedRemaining": "2h",
+                "starvationBound": "90m",
             },
             "queues": [
                 {
@@ -156,6 +157,7 @@ def test_full_document_sets_every_field() -> None:
             window_up_s=60.0,
             window_down_s=600.0,
             assumed_remaining_s=7200.0,
+            starvation_bound_s=5400.0,
         ),
         queues=(
             QueuePolicy(
@@ -186,6 +188,9 @@ def test_explicit_nulls_mean_unset_for_optional_fields() -> None:
     (queue,) = parse_policy(doc, source="p.yaml").queues
     assert queue.max_elastic_gpus is None
     assert queue.headroom.forecast_quantile is None
+    unbound = parse_policy(make_doc({"defaults": {"starvationBound": None}}), source="p.yaml")
+    assert unbound.defaults.starvation_bound_s is None
+    assert parse_policy(yaml.safe_load(policy_yaml(unbound)), source="again") == unbound
 
 
 # ------------------------------------------------------------------------------ every error
@@ -245,6 +250,10 @@ ERROR_CASES = [
      "spec.defaults.stabilizationWindow.dwn: unknown key; did you mean 'down'?"),
     (make_doc({"defaults": {"assumedRemaining": "0s"}}), "spec.defaults.assumedRemaining: must "
                                                          "be longer than 0s, got '0s'"),
+    (make_doc({"defaults": {"starvationBound": "0s"}}), "spec.defaults.starvationBound: must "
+                                                        "be longer than 0s, got '0s'"),
+    (make_doc({"defaults": {"starvationBound": 7200}}),
+     "spec.defaults.starvationBound: must be a duration string such as '7200s', got 7200"),
     (make_doc({"queues": {"name": "q"}}), "spec.queues: must be a list of queues, "
                                           "got {'name': 'q'}"),
     (make_doc(queues("research")), "spec.queues[0]: must be a mapping, got 'research'"),
@@ -300,7 +309,8 @@ ERROR_IDS = [
     "tolerance-negative", "tolerance-bool", "tolerance-string", "tolerance-nan",
     "restart-cost-bare-number", "cooldown-spelled-out", "step-up-word", "step-up-zero",
     "step-down-float", "step-down-bool", "window-not-mapping", "window-down-bare-number",
-    "window-typo", "assumed-remaining-zero", "queues-not-list", "queue-not-mapping",
+    "window-typo", "assumed-remaining-zero", "starvation-bound-zero",
+    "starvation-bound-not-a-duration", "queues-not-list", "queue-not-mapping",
     "queue-name-missing", "queue-name-not-string", "queue-name-duplicate", "elastic-yes-string",
     "borrow-int", "borrow-short-key", "max-elastic-negative", "max-elastic-string",
     "headroom-not-mapping", "headroom-gpus-negative", "quantile-above-one", "quantile-zero",

@@ -376,6 +376,8 @@ def test_joining_metrics_keeps_every_other_field_of_the_job():
         "scheduled_replicas": 4,
         "stale_reason": "throughput absent",
         "pods": (PodPlacement(0, "node-a", 2.0),),
+        "running_since_s": NOW_S - 3600,
+        "requested_replicas": 6,
     }
     assert set(values) == {f.name for f in dataclasses.fields(JobState)}
     job = JobState(**values)

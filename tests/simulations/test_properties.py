@@ -91,7 +91,7 @@ def test_no_gpu_is_allocated_twice(workload: Workload, steps: list[tuple[int, in
     t = 0.0
     for index, replicas in steps:
         run_session(sim)
-        held = [0] * CLUSTER.nodes
+        held = sim.releasing_on_nodes()  # pods still saving and exiting hold their GPUs
         for job in sim.running.values():
             assert len(job.pods) >= job.spec.min_replicas
             for node in job.pods:
@@ -104,6 +104,7 @@ def test_no_gpu_is_allocated_twice(workload: Workload, steps: list[tuple[int, in
         t += 10.0
         sim.advance(min(t, sim.next_completion()[0]))
         sim.finish_due()
+        sim.free_released()
 
 
 @settings(max_examples=40, deadline=None)

@@ -285,9 +285,13 @@ def _serve(
         engine_metrics=engine_metrics, on_round=after_round,
     )  # fmt: skip
     running = service
+
+    def withheld(count: int) -> None:  # the extender withheld pods: reconcile at once
+        running.notice(withheld_pods=count)
+
     http = EngineHttp(
         alive=service.alive, ready=service.ready, registry=registry, extender=extender,
-        on_withheld=lambda: running.trigger("the extender withheld pods from eviction"),
+        on_withheld=withheld,
     )  # fmt: skip
     try:
         port = http.start(options.host, options.port)

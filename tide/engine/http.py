@@ -56,8 +56,9 @@ class EngineHttp:
             first reconcile succeeded and the policy is valid.
         registry: the registry ``/metrics`` serves.
         extender: answers the extender verbs.
-        on_withheld: called (on the server's thread) after an answer that withholds pods: the
-            engine should reconcile at once. It must not block; what it raises is logged.
+        on_withheld: called (on the server's thread) with the number of pods withheld, after
+            an answer that withholds some: the engine should reconcile at once. It must not
+            block; what it raises is logged.
         now_s: the clock, seconds since the epoch.
         max_body_bytes: the largest extender body read, bytes; larger ones get a 400.
     """
@@ -69,7 +70,7 @@ class EngineHttp:
         ready: Callable[[], tuple[bool, str]],
         registry: CollectorRegistry,
         extender: Extender,
-        on_withheld: Callable[[], None],
+        on_withheld: Callable[[int], None],
         now_s: Callable[[], float] = time.time,
         max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
@@ -255,7 +256,7 @@ class EngineHttp:
             answer.message,
         )
         try:
-            self._on_withheld()
+            self._on_withheld(len(answer.withheld))
         except Exception:
             logger.exception("extender %s: the reconcile-now callback failed", verb)
 

@@ -7,8 +7,10 @@ annotations, which the leader wrote.
 
 Rounds run at the policy's ``interval_s``, and at once when ``trigger`` is called (a pending
 gang appeared, the extender withheld a pod, this engine became the leader), never closer than
-``min_gap_s`` so a storm of triggers does not spin. The loop waits on a ``threading.Event``:
-``stop`` wakes it at once.
+``min_gap_s`` so a storm of triggers does not spin. ``notice`` applies the engine's rule
+(``scheduler_policy.engine.trigger.reconcile_trigger``, the one the simulator follows) to what
+was seen: a pending gang the last round did not see, or pods the extender withheld. The loop
+waits on a ``threading.Event``: ``stop`` wakes it at once.
 
 Logs: one JSON line per decision (logger ``tide.engine.decisions``) and one per round (logger
 ``tide.engine.rounds``), at INFO; each record also carries its fields as a dict in the
@@ -36,6 +38,7 @@ from scheduler_policy.engine.reconcile import (
     observe,
     reconcile,
 )
+from scheduler_policy.engine.trigger import MIN_GAP_S, reconcile_trigger, seen_gangs
 from scheduler_policy.models.cache import ModelCache
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.protocols import ClusterClient, MetricsSource, ReplicaChange
@@ -46,7 +49,6 @@ logger = logging.getLogger(__name__)
 decision_log = logging.getLogger("tide.engine.decisions")
 round_log = logging.getLogger("tide.engine.rounds")
 
-MIN_GAP_S = 1.0
 DEFAULT_INTERVAL_S = 60.0  # the loop's pace before any valid policy is in force
 
 
@@ -233,6 +235,7 @@ class EngineService:
         self._thread: threading.Thread | None = None
         self._last_tick = monotonic()
         self._ready: tuple[bool, str] = (False, "no reconcile has succeeded yet")
+        self._seen_gangs: frozenset[str] = frozenset()  # the last round's pending gangs
         self.rounds = 0  # successful rounds so far
         self.last_round: Round | None = None  # the last successful round
 
@@ -336,6 +339,7 @@ class EngineService:
         self._log(outcome)
         self.rounds += 1
         self.last_round = outcome
+        self._seen_gangs = seen_gangs(result.observation)
         self._ready = (True, f"last reconcile succeeded under policy {policy.name}")
         if self._on_round is not None:
             self._on_round(outcome)
@@ -373,6 +377,29 @@ class EngineService:
         with self._lock:
             self._triggers.append(why)
         self._wake.set()
+
+    def notice(
+        self, *, pending_gangs: Sequence[PendingGang] = (), withheld_pods: int = 0
+    ) -> str | None:
+        """Trigger a round when the engine's rule says so (``reconcile_trigger``): a pending
+        gang the last round did not see, or pods the extender withheld.
+
+        Args:
+            pending_gangs: the pending gangs now (those the last round saw trigger nothing).
+            withheld_pods: pods the extender just withheld from an eviction.
+
+        Returns:
+            Why a round was triggered, or None.
+
+        Raises:
+            ValueError: ``withheld_pods`` is negative.
+        """
+        why = reconcile_trigger(
+            seen=self._seen_gangs, pending_gangs=pending_gangs, withheld_pods=withheld_pods
+        )
+        if why is not None:
+            self.trigger(why)
+        return why
 
     def _take_triggers(self) -> list[str]:
         self._wake.clear()  # first: a trigger that lands after the take wakes the next wait

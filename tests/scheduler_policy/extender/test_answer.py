@@ -9,6 +9,7 @@ import pytest
 from scheduler_policy.decision.pipeline import Plan
 from scheduler_policy.extender import (
     AnswerReason,
+    EvictionRequest,
     Extender,
     ExtenderView,
     ShrinkingJob,
@@ -50,22 +51,32 @@ class Case:
     reason: AnswerReason = AnswerReason.NOTHING_TO_WITHHOLD
 
 
+# Every pod of the elastic job's scaling task at or above its minimum (2) is withheld from the
+# first ask, whatever the plan's target: the reconcile the withholding triggers decides which
+# jobs shrink (the view once held only the jobs being shrunk; issue 17 withholds before that).
+ALL = (5, 10, 12, 17)
+
 CASES = [
     Case(
-        "shrink to 10 withholds workers 10, 12 and 17",
-        withheld=(10, 12, 17),
+        "every pod at or above the minimum is withheld",
+        withheld=ALL,
         reason=AnswerReason.WITHHOLD_FOR_SHRINK,
     ),
     Case(
-        "shrink to 5 withholds all but worker 1",
-        view=make_view(target=5),
-        withheld=(5, 10, 12, 17),
+        "before the plan shrinks the job (target above every evictee)",
+        view=make_view(target=18),
+        withheld=ALL,
         reason=AnswerReason.WITHHOLD_FOR_SHRINK,
     ),
-    Case("shrink to 18 deletes none of the evictees", view=make_view(target=18)),
-    Case("another job shrinks", view=make_view(job=JobKey("default/other"))),
+    Case(
+        "the minimum, not the target, is the floor",
+        view=make_view(target=5, minimum=1),
+        withheld=(1, *ALL),
+        reason=AnswerReason.WITHHOLD_FOR_SHRINK,
+    ),
+    Case("another job's pods are not in the plan", view=make_view(job=JobKey("default/other"))),
     Case("same job name in another namespace", view=make_view(job=JobKey("team-a/elastic"))),
-    Case("shrink of another task", view=make_view(task="master")),
+    Case("another task of the job is its scaling task", view=make_view(task="master")),
     Case("not the leader", view=make_view(leader=False), reason=AnswerReason.NOT_LEADER),
     Case("no plan yet", view=None, reason=AnswerReason.NO_PLAN),
     Case(
@@ -76,7 +87,7 @@ CASES = [
     Case(
         "plan exactly at the bound is still trusted",
         now_s=NOW_S + STALE_AFTER_S,
-        withheld=(10, 12, 17),
+        withheld=ALL,
         reason=AnswerReason.WITHHOLD_FOR_SHRINK,
     ),
     Case(
@@ -88,42 +99,42 @@ CASES = [
     Case(
         "a pod annotated preemptable false stays a victim",
         edits=(annotate(17, "volcano.sh/preemptable", "false"),),
-        withheld=(10, 12),
+        withheld=(5, 10, 12),
         reason=AnswerReason.WITHHOLD_FOR_SHRINK,
     ),
     Case(
         "a pod labelled preemptable false stays a victim",
         edits=(label(10, "volcano.sh/preemptable", "false"),),
-        withheld=(12, 17),
+        withheld=(5, 12, 17),
         reason=AnswerReason.WITHHOLD_FOR_SHRINK,
     ),
     Case(
         "a pod Volcano says is not preemptable stays a victim",
         edits=(set_field(12, "Preemptable", False),),
-        withheld=(10, 17),
+        withheld=(5, 10, 17),
         reason=AnswerReason.WITHHOLD_FOR_SHRINK,
     ),
     Case(
-        "only non-preemptable pods above the target: abstain",
-        view=make_view(target=17),
+        "only non-preemptable pods at or above the minimum: abstain",
+        view=make_view(minimum=17),
         edits=(annotate(17, "volcano.sh/preemptable", "false"),),
     ),
     Case(
         "a pod of another task of the job stays a victim",
         edits=(set_field(12, "TaskRole", "master"),),
-        withheld=(10, 17),
+        withheld=(5, 10, 17),
         reason=AnswerReason.WITHHOLD_FOR_SHRINK,
     ),
     Case(
         "a pod with no job name stays a victim",
         edits=(label(10, "volcano.sh/job-name", None),),
-        withheld=(12, 17),
+        withheld=(5, 12, 17),
         reason=AnswerReason.WITHHOLD_FOR_SHRINK,
     ),
     Case(
         "a pod with no task index stays a victim",
         edits=(label(17, "volcano.sh/task-index", None),),
-        withheld=(10, 12),
+        withheld=(5, 10, 12),
         reason=AnswerReason.WITHHOLD_FOR_SHRINK,
     ),
 ]
@@ -210,12 +221,12 @@ def test_the_staleness_bound_follows_the_policy_interval() -> None:
 # (15 s by default), from the first time it was withheld.
 
 WINDOWS = [
-    ("just inside the default window", 30.0, 15.0, 44.9, (10, 12, 17)),
+    ("just inside the default window", 30.0, 15.0, 44.9, ALL),
     ("at the end of the default window", 30.0, 15.0, 45.0, ()),
-    ("a longer grace period", 120.0, 15.0, 134.0, (10, 12, 17)),
+    ("a longer grace period", 120.0, 15.0, 134.0, ALL),
     ("a longer grace period, over", 120.0, 15.0, 135.0, ()),
     ("no margin", 30.0, 0.0, 30.0, ()),
-    ("a zero grace period and the margin", 0.0, 15.0, 14.0, (10, 12, 17)),
+    ("a zero grace period and the margin", 0.0, 15.0, 14.0, ALL),
 ]
 
 
@@ -233,7 +244,8 @@ def test_a_pod_is_withheld_only_for_its_grace_window(
     body = recorded_body(*(grace(i, grace_s) for i in RECORDED_INDICES))
     request = parse_eviction(encode(body))
     first = extender.answer(request, verb="reclaimable", now_s=NOW_S)
-    assert [t.task_index for t in first.withheld] == [10, 12, 17]
+    assert tuple(t.task_index for t in first.withheld) == ALL
+    assert first.until_s == NOW_S + grace_s + margin_s
 
     later = extender.answer(request, verb="reclaimable", now_s=NOW_S + later_s)
 
@@ -241,41 +253,77 @@ def test_a_pod_is_withheld_only_for_its_grace_window(
     if not withheld:
         assert later.reason is AnswerReason.GRACE_WINDOW_OVER
         assert later.body() == {"status": 0}
+        assert later.until_s is None
+
+
+def _only(request: EvictionRequest, *indices: int) -> EvictionRequest:
+    return EvictionRequest(
+        evictor=request.evictor,
+        evictees=tuple(t for t in request.evictees if t.task_index in indices),
+    )
 
 
 @needs_wire
 def test_each_window_counts_from_the_first_time_that_pod_was_withheld() -> None:
     extender = Extender(stale_after_s=1000.0)
-    extender.update(make_view(target=12))
+    extender.update(make_view())
     request = parse_eviction(encode(recorded_body()))
-    assert [
-        t.task_index for t in extender.answer(request, verb="reclaimable", now_s=NOW_S).withheld
-    ] == [12, 17]
+    first = extender.answer(_only(request, 12, 17), verb="reclaimable", now_s=NOW_S)
+    assert [t.task_index for t in first.withheld] == [12, 17]
 
-    # 40 s later tide shrinks further: worker 10's window starts now, 12's and 17's do not.
-    extender.update(make_view(target=10, made_s=NOW_S + 40))
+    # 40 s later Volcano also proposes workers 5 and 10: their windows start now, 12's and
+    # 17's do not.
     at_40 = extender.answer(request, verb="reclaimable", now_s=NOW_S + 40)
     at_50 = extender.answer(request, verb="reclaimable", now_s=NOW_S + 50)
     at_85 = extender.answer(request, verb="reclaimable", now_s=NOW_S + 85)
 
-    assert [t.task_index for t in at_40.withheld] == [10, 12, 17]
-    assert [t.task_index for t in at_50.withheld] == [10]
+    assert tuple(t.task_index for t in at_40.withheld) == ALL
+    assert at_40.until_s == NOW_S + 45
+    assert [t.task_index for t in at_50.withheld] == [5, 10]
+    assert at_50.until_s == NOW_S + 85
+    assert [t.task_index for t in at_50.victims] == [1, 12, 17]
     assert at_85.reason is AnswerReason.GRACE_WINDOW_OVER
 
 
 @needs_wire
-def test_windows_are_forgotten_once_the_job_no_longer_shrinks() -> None:
+def test_windows_are_forgotten_once_the_job_leaves_the_plan() -> None:
     extender = Extender(stale_after_s=1000.0)
     extender.update(make_view())
     request = parse_eviction(encode(recorded_body()))
     extender.answer(request, verb="reclaimable", now_s=NOW_S)
     assert extender.answer(request, verb="reclaimable", now_s=NOW_S + 60).withheld == ()
 
-    extender.update(ExtenderView(jobs={}, leader=True, made_s=NOW_S + 100))
-    extender.update(make_view(made_s=NOW_S + 200))  # a new shrink of the same job
+    extender.update(ExtenderView(jobs={}, leader=True, made_s=NOW_S + 65))
+    extender.update(make_view(made_s=NOW_S + 66))  # the job is back (a new plan names it)
 
-    again = extender.answer(request, verb="reclaimable", now_s=NOW_S + 200)
-    assert [t.task_index for t in again.withheld] == [10, 12, 17]
+    again = extender.answer(request, verb="reclaimable", now_s=NOW_S + 70)
+    assert tuple(t.task_index for t in again.withheld) == ALL
+
+
+# A window whose pods Volcano stopped asking about (its reclaim ended) for more than twice the
+# window (45 s here) is forgotten: the next reclaim starts a new one.
+FORGETS = [
+    ("asked again within twice the window: still over", 45.0 + 90.0, ()),
+    ("not asked for more than twice the window: a new window", 45.0 + 90.5, ALL),
+]
+
+
+@needs_wire
+@pytest.mark.parametrize(
+    ("again_s", "withheld"), [f[1:] for f in FORGETS], ids=[f[0] for f in FORGETS]
+)
+def test_a_window_volcano_stopped_asking_about_is_forgotten(
+    again_s: float, withheld: tuple[int, ...]
+) -> None:
+    extender = Extender(stale_after_s=10_000.0)
+    extender.update(make_view())
+    request = parse_eviction(encode(recorded_body()))
+    extender.answer(request, verb="reclaimable", now_s=NOW_S)
+    assert extender.answer(request, verb="reclaimable", now_s=NOW_S + 45).withheld == ()
+
+    later = extender.answer(request, verb="reclaimable", now_s=NOW_S + again_s)
+
+    assert tuple(t.task_index for t in later.withheld) == withheld
 
 
 @needs_wire
@@ -286,7 +334,7 @@ def test_an_abstaining_answer_starts_no_window() -> None:
     extender.answer(request, verb="reclaimable", now_s=NOW_S)
 
     extender.update(make_view(made_s=NOW_S + 100))
-    assert len(extender.answer(request, verb="reclaimable", now_s=NOW_S + 100).withheld) == 3
+    assert len(extender.answer(request, verb="reclaimable", now_s=NOW_S + 100).withheld) == 4
 
 
 # The view of a plan.
@@ -301,22 +349,25 @@ def _pods(*indices: int) -> tuple[PodPlacement, ...]:
     return tuple(PodPlacement(index=i, node="gpu-1", gpus=1.0) for i in indices)
 
 
+# Every elastic job is in the view (its pods may be withheld before a plan shrinks it), with its
+# target capped at its current replicas; ``ns/b`` (elastic, 2 replicas, at target) always is.
+B = {"ns/b": (2, 1)}
 VIEWS = [
-    ("a shrink", dict(current=8), 5, None, {"ns/a": (5, 1)}),
-    ("a shrink to the minimum", dict(current=8, min_replicas=3), 3, None, {"ns/a": (3, 3)}),
-    ("at target", dict(current=8), 8, None, {}),
-    ("a growth", dict(current=4), 8, None, {}),
+    ("a shrink", dict(current=8), 5, None, {"ns/a": (5, 1)} | B),
+    ("a shrink to the minimum", dict(current=8, min_replicas=3), 3, None, {"ns/a": (3, 3)} | B),
+    ("at target", dict(current=8), 8, None, {"ns/a": (8, 1)} | B),
+    ("a growth: the target is capped at the replicas", dict(current=4), 8, None,
+     {"ns/a": (4, 1)} | B),
     (
         "just shrunk: pods above the replicas",
         dict(current=5),
         5,
         _pods(*range(8)),
-        {"ns/a": (5, 1)},
+        {"ns/a": (5, 1)} | B,
     ),
-    ("at target with its pods", dict(current=5), 5, _pods(*range(5)), {}),
-    ("not elastic", dict(current=8, elastic=False), 5, None, {}),
-    ("no decision", dict(current=8), None, None, {}),
-]
+    ("not elastic", dict(current=8, elastic=False), 5, None, B),
+    ("no decision: its current replicas", dict(current=8), None, None, {"ns/a": (8, 1)} | B),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -324,7 +375,7 @@ VIEWS = [
     [v[1:] for v in VIEWS],
     ids=[v[0] for v in VIEWS],
 )
-def test_the_view_of_a_plan_holds_the_jobs_tide_shrinks(
+def test_the_view_of_a_plan_holds_every_elastic_job(
     job_fields: dict, target: int | None, pods: tuple[PodPlacement, ...] | None, expected: dict
 ) -> None:
     job = make_job("a", max_replicas=8, **job_fields)

@@ -1,0 +1,131 @@
+"""The completionTime objective where remaining work is unknown (estimated from a job's age), and
+its aging (a job that has run long below its asked size rises above shorter ones)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from scheduler_policy.decision.allocate import _expected_remaining_s
+from scheduler_policy.decision.pipeline import decide
+from scheduler_policy.models.cache import ModelCache
+from scheduler_policy.vocabulary.state import JobState
+from tests.scheduler_policy.builders import NOW_S, make_job, make_observation, make_policy
+
+H = 3600.0
+
+
+def _job(
+    name: str,
+    *,
+    age_h: float | None,
+    requested: int | None = None,
+    remaining: float | None = None,
+    current: int = 1,
+) -> JobState:
+    return dataclasses.replace(
+        make_job(name, current=current, remaining_samples=remaining),
+        running_since_s=None if age_h is None else NOW_S - age_h * H,
+        requested_replicas=requested,
+    )
+
+
+def _targets(*jobs: JobState, free: float, **policy: float | None) -> dict[str, int]:
+    observation = make_observation(*jobs, free=free)
+    chosen = make_policy(**policy)  # type: ignore[arg-type]
+    plan = decide(observation, chosen, fits=ModelCache().fit(observation, chosen))
+    return {d.job.removeprefix("ns/"): d.target_replicas for d in plan.decisions}
+
+
+# (jobs, idle GPUs, policy defaults, expected targets)
+SCENARIOS = {
+    # Neither reports its progress: the younger is likelier to finish sooner.
+    "unknown-work-the-younger-job-grows": (
+        (_job("old", age_h=10.0), _job("young", age_h=0.1)),
+        1.0,
+        {"starvation_bound_s": None},
+        {"old": 1, "young": 2},
+    ),
+    "unknown-work-ages-unknown-a-tie-keeps-the-jobs-order": (
+        (_job("b", age_h=None), _job("a", age_h=None)),
+        1.0,
+        {"starvation_bound_s": None},
+        {"a": 1, "b": 2},
+    ),
+    # 1e5 samples at ~100 samples/s: under an hour left, known, beats a young unknown job.
+    "known-short-remaining-beats-an-estimate": (
+        (_job("young", age_h=0.1), _job("known", age_h=5.0, remaining=1e5)),
+        1.0,
+        {"starvation_bound_s": None},
+        {"known": 2, "young": 1},
+    ),
+    # "long" has run 5 h and reports nothing (expected 6 h left); "short" has 2e6 samples left
+    # at ~100 samples/s (5.6 h). Without aging the shorter one grows first; with a 1 h bound,
+    # "long" ranks its replicas up to its asked size as if 6 h / (1 + 4) = 1.2 h were left.
+    "no-bound-shortest-first": (
+        (_job("long", age_h=5.0, requested=3), _job("short", age_h=0.1, remaining=2e6)),
+        1.0,
+        {"starvation_bound_s": None},
+        {"long": 1, "short": 2},
+    ),
+    "past-the-bound-the-long-job-rises": (
+        (_job("long", age_h=5.0, requested=3), _job("short", age_h=0.1, remaining=2e6)),
+        1.0,
+        {"starvation_bound_s": H},
+        {"long": 2, "short": 1},
+    ),
+    "past-the-bound-both-gpus-to-its-asked-size": (
+        (_job("long", age_h=5.0, requested=3), _job("short", age_h=0.1, remaining=2e6)),
+        2.0,
+        {"starvation_bound_s": H},
+        {"long": 3, "short": 1},
+    ),
+    "past-the-bound-aged-only-up-to-the-asked-size": (
+        (_job("long", age_h=5.0, requested=2), _job("short", age_h=0.1, remaining=2e6)),
+        2.0,
+        {"starvation_bound_s": H},
+        {"long": 2, "short": 2},
+    ),
+    "within-the-bound-shortest-first": (
+        (_job("long", age_h=5.0, requested=3), _job("short", age_h=0.1, remaining=2e6)),
+        1.0,
+        {"starvation_bound_s": 6 * H},
+        {"long": 1, "short": 2},
+    ),
+    "asked-size-unknown-no-aging": (
+        (_job("long", age_h=5.0), _job("short", age_h=0.1, remaining=2e6)),
+        1.0,
+        {"starvation_bound_s": H},
+        {"long": 1, "short": 2},
+    ),
+    # Both aged, one idle GPU: 6 h / 5 = 1.2 h for "a" against 4 h / 3 = 1.33 h for "b".
+    "two-aged-the-longest-running-first": (
+        (_job("b", age_h=3.0, requested=2), _job("a", age_h=5.0, requested=2)),
+        1.0,
+        {"starvation_bound_s": H},
+        {"a": 2, "b": 1},
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("jobs", "free", "defaults", "expected"), SCENARIOS.values(), ids=SCENARIOS
+)
+def test_objective_scenario(
+    jobs: tuple[JobState, ...],
+    free: float,
+    defaults: dict[str, float | None],
+    expected: dict[str, int],
+) -> None:
+    assert _targets(*jobs, free=free, **defaults) == expected
+
+
+@pytest.mark.parametrize(
+    ("age_s", "assumed_s", "expected"),
+    [(0.0, 3600.0, 3600.0), (7200.0, 3600.0, 10800.0), (np.nan, 1800.0, 1800.0)],
+    ids=["at-start-the-assumed-time", "grows-with-age", "unknown-age-the-assumed-time"],
+)
+def test_expected_remaining_grows_with_age(age_s: float, assumed_s: float, expected: float) -> None:
+    assert _expected_remaining_s(np.array([age_s]), assumed_s)[0] == pytest.approx(expected)
