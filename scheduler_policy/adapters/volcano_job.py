@@ -29,6 +29,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 
 from scheduler_policy.adapters.memory_codec import (
     MEMORY_ANNOTATION,
@@ -64,6 +65,8 @@ __all__ = [
     "read_jobs",
     "read_tasks",
     "replica_patch",
+    "running_since_s",
+    "timestamp_s",
 ]
 
 API_VERSION = "batch.volcano.sh/v1alpha1"
@@ -333,6 +336,45 @@ def annotated_job(job: JobState, annotations: Mapping[str, str], *, source: str)
     )
 
 
+def timestamp_s(value: object) -> float | None:
+    """A Kubernetes timestamp (RFC 3339, ``2026-12-01T09:08:57Z``) as seconds since the epoch.
+
+    Returns:
+        The seconds; None when ``value`` is not such a timestamp.
+    """
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return None
+    return parsed.timestamp()
+
+
+def running_since_s(status: Mapping[str, object]) -> float | None:
+    """When a Volcano Job last became Running: its ``Running`` condition's ``lastTransitionTime``.
+
+    Volcano's job controller keeps one condition per status, the latest transition
+    (``appendJobCondition`` replaces the earlier one), and a rescale by replicas alone does not
+    leave Running, so this is when the job first ran unless Volcano restarted the whole job.
+
+    Returns:
+        Seconds since the epoch; None when the job has no readable Running condition.
+    """
+    conditions = status.get("conditions")
+    if not isinstance(conditions, list):
+        return None
+    times = [
+        timestamp_s(c.get("lastTransitionTime"))
+        for c in conditions
+        if isinstance(c, Mapping) and c.get("status") == "Running"
+    ]
+    known = [t for t in times if t is not None]
+    return min(known) if known else None
+
+
 def read_job(obj: object, *, source: str = "job") -> VolcanoJob | UnreadJob:
     """Read one Volcano Job.
 
@@ -393,7 +435,8 @@ def read_job(obj: object, *, source: str = "job") -> VolcanoJob | UnreadJob:
             nonelastic_gpus += (task.replicas or 0) * task.gpus_per_pod
 
     min_replicas = replicas if least is None else least
-    state = _mapping(_mapping(obj.get("status")).get("state"))
+    status = _mapping(obj.get("status"))
+    state = _mapping(status.get("state"))
     phase_name = state.get("phase")
     phase = JobPhase.PENDING
     if phase_name is not None:
@@ -415,6 +458,7 @@ def read_job(obj: object, *, source: str = "job") -> VolcanoJob | UnreadJob:
         elastic=elastic,
         task=task_name,
         nonelastic_gpus=nonelastic_gpus,
+        running_since_s=running_since_s(status),
         read_problems=tuple(problems),
     )
     job = annotated_job(base, annotations, source=key)

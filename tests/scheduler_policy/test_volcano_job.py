@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 import copy
 import json
 import logging
@@ -25,6 +26,8 @@ RECORDED = WIRE / "vcjob-running.json"
 needs_wire = pytest.mark.skipif(
     not RECORDED.exists(), reason=f"recorded Volcano Jobs absent at {WIRE} (../shared absent)"
 )
+RUNNING_SINCE_S = calendar.timegm((2026, 12, 1, 9, 8, 53))
+"""vcjob-running.json's Running condition: 2026-12-01T09:08:53Z."""
 MEMORY = JobMemory(1700000000.25, (Recommendation(1699999940.5, 3),))
 
 
@@ -72,6 +75,15 @@ def no_status(job: dict) -> None:
     del job["status"]
 
 
+def conditions(*entries: tuple[str, str]):
+    def change(job: dict) -> None:
+        job["status"]["conditions"] = [
+            {"status": status, "lastTransitionTime": time} for status, time in entries
+        ]
+
+    return change
+
+
 def not_elastic_no_worker(job: dict) -> None:
     job["metadata"]["annotations"] = {}
     job["spec"]["tasks"][0]["name"] = "trainer"
@@ -88,7 +100,18 @@ CASES = {
     "as-recorded": (
         [], dict(key="default/elastic", queue="research", task="worker", current_replicas=2,
                  min_replicas=1, max_replicas=2, gpus_per_replica=1.0, phase=JobPhase.RUNNING,
-                 elastic=True, nonelastic_gpus=0.0, last_rescale_s=None), None,
+                 elastic=True, nonelastic_gpus=0.0, last_rescale_s=None,
+                 running_since_s=RUNNING_SINCE_S), None,
+    ),
+    "running-since-its-running-condition": (
+        [conditions(("Pending", "2026-12-01T09:00:00Z"), ("Running", "2026-12-01T10:00:00Z"))],
+        dict(running_since_s=RUNNING_SINCE_S + 3067.0), None,
+    ),
+    "never-running-has-no-age": (
+        [conditions(("Pending", "2026-12-01T09:00:00Z"))], dict(running_since_s=None), None,
+    ),
+    "an-unreadable-time-is-no-age-not-a-problem": (
+        [conditions(("Running", "soon"))], dict(running_since_s=None), None,
     ),
     "bounds-from-annotations": (
         [annotate(**{"tide.io/min-replicas": "2", "tide.io/max-replicas": "8",

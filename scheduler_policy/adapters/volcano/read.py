@@ -28,7 +28,6 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 
 from scheduler_policy.adapters.volcano_job import (
     API_VERSION,
@@ -36,6 +35,7 @@ from scheduler_policy.adapters.volcano_job import (
     GPU_RESOURCE,
     pod_gpus,
     quantity,
+    timestamp_s,
 )
 from scheduler_policy.policy.fields import show
 from scheduler_policy.vocabulary.state import (
@@ -167,23 +167,6 @@ def _gpus(resources: object, *, path: str, problems: list[str]) -> float | None:
     if GPU_RESOURCE not in resources:
         return None
     return quantity(resources[GPU_RESOURCE], path=f"{path}[{GPU_RESOURCE}]", problems=problems)
-
-
-def timestamp_s(value: object) -> float | None:
-    """A Kubernetes timestamp (RFC 3339, ``2026-12-01T09:08:57Z``) as seconds since the epoch.
-
-    Returns:
-        The seconds; None when ``value`` is not such a timestamp.
-    """
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        return None
-    return parsed.timestamp()
 
 
 def read_queue(obj: object, *, pending_gpus: float = 0.0) -> QueueState | ReadProblem:
