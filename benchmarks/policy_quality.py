@@ -434,6 +434,14 @@ def main() -> None:
                 **params,
             },
             {"metric": "rescales", "value": s.rescales, "unit": "count", **params},
+            # Issue 17's target: tide suffers no abrupt kill where reclaim is on.
+            {"metric": "kills", "value": s.kills, "unit": "count", **params},
+            {
+                "metric": "killed_gpu_hours",
+                "value": round(s.killed_gpu_hours, 3),
+                "unit": "gpu_hours",
+                **params,
+            },
             {
                 "metric": "avg_jct_vs_static",
                 "value": round(s.avg_jct_h / static, 4),
