@@ -147,7 +147,7 @@ class SimulatedCluster(ClusterCore):
             return MetricsSample(
                 fresh=False,
                 cluster_free_gpus=float(self.nodes.total_free),
-                releasing_gpus=float(self.releasing_gpus),
+                releasing_gpus=float(self.held_gpus),
                 stale_jobs={
                     job.key: "the metrics source is down (simulated outage)"
                     for job in self.running.values()
@@ -172,7 +172,7 @@ class SimulatedCluster(ClusterCore):
             job_throughput=throughput,
             job_remaining_samples=remaining,
             queue_demand_history={n: tuple(p) for n, p in self._demand.items()},
-            releasing_gpus=float(self.releasing_gpus),
+            releasing_gpus=float(self.held_gpus),
         )
 
     # --- ClusterClient ------------------------------------------------------------------------
@@ -301,9 +301,8 @@ class SimulatedCluster(ClusterCore):
         return gangs
 
     def releasing_gpus(self) -> float:
-        """See base class. 0.0 for now: the simulator does not report terminating pods' GPUs
-        yet."""
-        return 0.0
+        """See base class: the GPUs of pods still saving and exiting after a graceful shrink."""
+        return float(self.held_gpus)
 
     def apply(self, change: ReplicaChange) -> None:
         """See base class. A shrink is graceful: the workers checkpoint before they stop."""

@@ -68,7 +68,7 @@ class ClusterCore:
         # Pods that stopped gracefully and are still saving and exiting: (when they free, seq,
         # node, GPUs). Their GPUs are not free on their node until then.
         self._held: list[tuple[float, int, int, int]] = []
-        self.releasing_gpus = 0
+        self.held_gpus = 0
         # What Volcano's reclaim asked tide's extender in the last session (``run_session``):
         # the pods withheld, and when the earliest of their grace windows ends.
         self.withheld_pods = 0
@@ -126,7 +126,7 @@ class ClusterCore:
             job.done_units += job.rate * useful
             job.unckpt_s = (job.unckpt_s + useful) % job.spec.checkpoint_interval_s
             self.effective_gpu_s += job.effective_gpus * useful
-        self.alloc_gpu_s += self.releasing_gpus * dt  # held while the workers save and exit
+        self.alloc_gpu_s += self.held_gpus * dt  # held while the workers save and exit
         for queue in self.blocked_queues:
             self.blocked_queue_s[queue] += dt
         free = self.nodes.total_free  # pods change only at events: constant over dt
@@ -195,7 +195,7 @@ class ClusterCore:
         freed = False
         while held and held[0][0] <= self.now_s:
             _, _, node, gpus = heapq.heappop(held)
-            self.releasing_gpus -= gpus
+            self.held_gpus -= gpus
             self.nodes.release(gpus, [node])
             freed = True
         return freed
@@ -211,7 +211,7 @@ class ClusterCore:
         for node in nodes:
             self._pushed += 1
             heapq.heappush(self._held, (free_s, self._pushed, node, gpus))
-            self.releasing_gpus += gpus
+            self.held_gpus += gpus
 
     def submit(self, job: SimJob) -> None:
         """The job arrives: it waits for the enqueue gate."""
@@ -376,7 +376,7 @@ class ClusterCore:
                 self._take(job, victims, graceful=False)
         kept = [entry for entry in self._held if entry[2] != node]
         if len(kept) != len(self._held):  # pods saving on the node die with it
-            self.releasing_gpus = sum(entry[3] for entry in kept)
+            self.held_gpus = sum(entry[3] for entry in kept)
             heapq.heapify(kept)
             self._held = kept
         self.nodes.set_down(node)

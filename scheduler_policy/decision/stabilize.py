@@ -5,8 +5,9 @@ on 10,000 jobs at once. A step returns the new desired replicas; ``stabilize`` r
 last changed each job's target, so the reason says what held it back.
 
 A *forced* shrink (a budget the job's queue must fit, because pending work or headroom needs GPUs
-back) skips tolerance, cooldown and the down window: waiting would only let Volcano's reclaim kill
-pods abruptly instead. It still obeys bounds and the rate limit, which the admin sets on purpose.
+back) skips tolerance, cooldown, the down window and the rate limit: waiting would only let
+Volcano's reclaim kill the same pods abruptly instead (a shrink of 2 replicas a decision left the
+rest for the reclaim to kill once the extender's grace window ran out). It still obeys bounds.
 
 The memory (recent recommendations and the last rescale) is data in and data out, so the engine can
 store it on the Volcano Job and survive its own restarts (STYLE.md 12; HPA keeps it in memory).
@@ -280,8 +281,9 @@ def stabilize(
             max_step_up=defaults.max_step_up,
             max_step_down=defaults.max_step_down,
         )
-        # A job outside its bounds goes straight into them: bounds win over the rate.
-        return bounds(np.where(limited_jobs, limited, d))
+        # A job outside its bounds goes straight into them: bounds win over the rate. A forced
+        # shrink is not rate-limited (module docstring).
+        return bounds(np.where(limited_jobs & ~(forced & (d < current)), limited, d))
 
     def cooldown(d: IntArray) -> IntArray:
         return hold_in_cooldown(

@@ -130,11 +130,12 @@ def chain(*, current, recommended, gain=0.5, forced=False, memory=None, now_s=10
          Reason.STABILIZATION_WINDOW),
         (dict(current=6, recommended=3, forced=True, cooldown_s=0, max_step_down=2,
               memory=JobMemory(last_rescale_s=930.0,
-                               recommendations=(Recommendation(900.0, 6),))), 4,
+                               recommendations=(Recommendation(900.0, 6),))), 3, None),
+        (dict(current=6, recommended=8, forced=True, cooldown_s=0, max_step_up=1), 7,
          Reason.LIMITED_BY_RATE),
     ],
     ids=["passes", "tolerance", "rate", "measured-job-not-rate-limited", "cooldown", "down-window",
-         "forced-rate-limited-only"],
+         "forced-shrink-skips-every-damping-step", "growth-stays-rate-limited"],
 )  # fmt: skip
 def test_chain_reports_the_step_that_held(kwargs, target, held_by):
     result = chain(**kwargs)

@@ -79,7 +79,7 @@ def test_a_graceful_shrink_holds_the_departing_gpus_for_the_save_time(case: Hold
         sim.fail_node(0)
         sim.repair_node(0)
 
-    assert sim.releasing_gpus == case.releasing
+    assert sim.releasing_gpus() == case.releasing
     assert sim.sample(now_s=0.0).releasing_gpus == case.releasing
     if case.releasing:
         assert sim.nodes.total_free == 0  # not free: nothing is placed on them
@@ -88,7 +88,7 @@ def test_a_graceful_shrink_holds_the_departing_gpus_for_the_save_time(case: Hold
         assert not sim.free_released()
         sim.advance(case.free_at_s)
         assert sim.free_released()
-    assert sim.releasing_gpus == 0
+    assert sim.releasing_gpus() == 0
     assert sim.next_release_s() == float("inf")
     assert sim.nodes.total_free == (4 if case.fail_node else 2)
 
