@@ -4,6 +4,9 @@ Variables read (all optional except where torchrun always sets them):
 
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``
     Set by torchrun for every worker; default to a single-process run.
+``GROUP_WORLD_SIZE``
+    Set by torchrun: the agents (pods) in the membership, one per node the job spans (each
+    pod is placed on a node of its own); defaults to ``WORLD_SIZE / LOCAL_WORLD_SIZE``.
 ``TORCHELASTIC_RESTART_COUNT``
     Set by torchrun; counts failure restarts only (a membership change does not raise it).
 ``TIDE_METRICS_PORT``
@@ -48,6 +51,7 @@ class WorkerEnv:
         namespace: Kubernetes namespace, ``""`` when unknown.
         metrics_port: Port for the metrics server, ``None`` for no server.
         pod_name: Kubernetes pod name, ``""`` when unknown.
+        group_world_size: agents (pods) in the membership, the nodes the job spans.
     """
 
     rank: int
@@ -59,6 +63,7 @@ class WorkerEnv:
     namespace: str
     metrics_port: int | None
     pod_name: str = ""
+    group_world_size: int = 1
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerEnv:
@@ -94,6 +99,12 @@ class WorkerEnv:
             namespace=env.get(NAMESPACE_ENV, ""),
             metrics_port=metrics_port,
             pod_name=env.get(POD_NAME_ENV, ""),
+            group_world_size=_int_var(
+                env,
+                "GROUP_WORLD_SIZE",
+                max(1, world_size // _int_var(env, "LOCAL_WORLD_SIZE", 1, minimum=1)),
+                minimum=1,
+            ),
         )
 
 

@@ -8,13 +8,16 @@ Per sample and replica, with k replicas on m nodes and X(k, m) the job's samples
                 + p_r·(k − 1)/k + q_r·(k − 2)                    k ≥ 2, m = 1
                 + (p_n + u_n/(m − 1))·(k − 1)/k + q_n·(k − 2)
                 + h_n·(m − 2)                                     k ≥ 2, m ≥ 2
+                + c·k·(k − 1)                                    k ≥ 2, any m
 
 a = 1/λ is the compute time of one sample (λ the one-replica throughput). (k − 1)/k is a ring
 all-reduce's bandwidth factor (each replica sends and receives 2(k − 1)/k of the gradient), so
 p_r and p_n are the gradient's transfer time per sample over the node's and the network's links;
 q_r, q_n the latency each further replica adds to the ring; h_n the latency each further node
 adds; u_n the extra transfer time when few nodes carry the cross-node traffic (measured: Pollux's
-2-node rings are the slowest of all). All seven are ≥ 0 and the law is linear in them, so a fit
+2-node rings are the slowest of all); c the crosstalk of every pair of replicas (the Universal
+Scalability Law's coherency, which alone makes throughput fall as replicas are added). All eight
+are ≥ 0 and the law is linear in them, so a fit
 is one non-negative least squares problem. The same form describes a job that keeps its global
 batch fixed (weight then shifts from p to q), which is what tide's worker runtime does.
 
@@ -45,9 +48,9 @@ FloatArray = npt.NDArray[np.float64]
 
 SYNC_TERMS = (
     "intra_bandwidth", "intra_latency", "inter_bandwidth", "inter_few_nodes", "inter_latency",
-    "inter_hop",
+    "inter_hop", "crosstalk",
 )  # fmt: skip
-"""The six sync parameters, each as a multiple of a (dimensionless), in the design's order."""
+"""The seven sync parameters, each as a multiple of a (dimensionless), in the design's order."""
 
 CROSS_NODE_GAIN_CAP = 0.25
 """Default cap: a job not yet measured across nodes is predicted at most 25% faster on several
@@ -55,7 +58,7 @@ nodes than at its largest single-node size measured."""
 
 
 def design(k: npt.ArrayLike, m: npt.ArrayLike) -> FloatArray:
-    """The law's design matrix: one row per (k, m), columns [1, p_r, q_r, p_n, u_n, q_n, h_n]."""
+    """The law's design matrix: one row per (k, m), columns [1, p_r, q_r, p_n, u_n, q_n, h_n, c]."""
     k_a = np.asarray(k, dtype=np.float64)
     m_a = np.asarray(m, dtype=np.float64)
     synced = k_a >= 2.0
@@ -73,6 +76,7 @@ def design(k: npt.ArrayLike, m: npt.ArrayLike) -> FloatArray:
             few * ring,
             inter * (k_a - 2.0),
             inter * (m_a - 2.0),
+            intra * k_a * (k_a - 1.0),
         ],
         axis=-1,
     )
@@ -90,7 +94,7 @@ def sync_throughput(
 
     Args:
         lam: λ, one-replica throughput, samples/s.
-        terms: the six sync parameters (``SYNC_TERMS``), each a multiple of a = 1/λ.
+        terms: the seven sync parameters (``SYNC_TERMS``), each a multiple of a = 1/λ.
         cross_node_max: the most throughput predicted on two or more nodes, samples/s (inf for
             no cap).
         k: replicas; below 1 the throughput is 0.
@@ -112,14 +116,15 @@ def sync_throughput(
 
 
 def packed_nodes(
-    replicas: npt.ArrayLike, gpus_per_replica: npt.ArrayLike, gpus_per_node: float
+    replicas: npt.ArrayLike, gpus_per_replica: npt.ArrayLike, gpus_per_node: npt.ArrayLike
 ) -> FloatArray:
     """Nodes that ``replicas`` span when packed: ceil(replicas × GPUs per replica / node size),
-    at least 1 (inf node size: 1)."""
+    at least 1 (an infinite node size: 1). Vectorised; the three broadcast."""
     gpus = np.asarray(replicas, dtype=np.float64) * np.asarray(gpus_per_replica, dtype=np.float64)
-    if not math.isfinite(gpus_per_node):
-        return np.ones_like(gpus)
-    result: FloatArray = np.maximum(np.ceil(gpus / gpus_per_node - 1e-9), 1.0)
+    size = np.asarray(gpus_per_node, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        nodes = np.where(np.isfinite(size) & (size > 0), np.ceil(gpus / size - 1e-9), 1.0)
+    result: FloatArray = np.maximum(nodes, 1.0)
     return result
 
 
@@ -133,13 +138,14 @@ class NodeScalingModel(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
         prior_inter_few_nodes: u_n/a likewise.
         prior_inter_latency: q_n/a likewise.
         prior_inter_hop: h_n/a likewise.
+        prior_crosstalk: c/a assumed before the job is measured at three sizes.
         prior_weight: w, the prior rows' weight, divided by the square of the number of
             distinct (replicas, nodes) measured, so the data take over as they accrue.
         cross_node_gain_cap: the cap's gain (see the module docstring); inf for none.
 
     Attributes:
         lambda_: λ = 1/a, fitted one-replica throughput, samples/s.
-        terms_: the six sync parameters (``SYNC_TERMS``), each a multiple of a.
+        terms_: the seven sync parameters (``SYNC_TERMS``), each a multiple of a.
         across_nodes_: whether a point with two or more replicas spanned two or more nodes.
         cross_node_max_: the cap on predicted throughput across nodes, samples/s (inf once
             measured across nodes).
@@ -156,6 +162,7 @@ class NodeScalingModel(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
         prior_inter_few_nodes: float = 0.0,
         prior_inter_latency: float = 0.0,
         prior_inter_hop: float = 0.0,
+        prior_crosstalk: float = 0.0,
         prior_weight: float = 1.0,
         cross_node_gain_cap: float = CROSS_NODE_GAIN_CAP,
     ) -> None:
@@ -165,6 +172,7 @@ class NodeScalingModel(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
         self.prior_inter_few_nodes = prior_inter_few_nodes
         self.prior_inter_latency = prior_inter_latency
         self.prior_inter_hop = prior_inter_hop
+        self.prior_crosstalk = prior_crosstalk
         self.prior_weight = prior_weight
         self.cross_node_gain_cap = cross_node_gain_cap
 
@@ -178,7 +186,7 @@ class NodeScalingModel(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
         return np.array([float(getattr(self, f"prior_{t}")) for t in SYNC_TERMS])
 
     def fit(self, X: Any, y: Any) -> NodeScalingModel:
-        """Fit a and the six sync parameters.
+        """Fit a and the seven sync parameters.
 
         Args:
             X: shape (n_samples, 2): replicas (≥ 1) and nodes spanned (≥ 1) per measurement.
@@ -243,7 +251,7 @@ class NodeScalingModel(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
         """Non-negative least squares on the linearised law plus the prior's rows.
 
         Returns:
-            [a, p_r, q_r, p_n, u_n, q_n, h_n] in seconds per sample.
+            [a, p_r, q_r, p_n, u_n, q_n, h_n, c] in seconds per sample.
 
         Raises:
             ModelFitError: nnls failed, or a came out 0 or not finite.
@@ -257,6 +265,12 @@ class NodeScalingModel(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
         rows = cols * (a0 / t)[:, None]
         target = np.ones_like(t)
         w = float(self.prior_weight) / k.size**2
+        # Crosstalk needs four sizes on one node to be told from a, p_r and q_r (k = 1 among
+        # them); below that its prior row is a hundredfold heavier, pinning c to its prior, so a
+        # quadratic never extrapolates from a size or two.
+        weights = np.ones(prior.size)
+        if np.unique(k[m <= 1.0]).size < 4:
+            weights[-1] = 100.0
         coef = np.zeros(cols.shape[1])
         for step in range(7):
             # Prior rows w·(c_j − prior_j·c_0) = 0: a term no data row touches equals its prior
@@ -265,8 +279,8 @@ class NodeScalingModel(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
             # tenfold only while a is still 0: the weakest anchor that identifies a.
             w_a = w * 10.0**step
             prior_rows = np.zeros((prior.size + 1, cols.shape[1]))
-            prior_rows[:-1, 0] = -w * prior
-            prior_rows[np.arange(prior.size), np.arange(1, prior.size + 1)] = w
+            prior_rows[:-1, 0] = -w * weights * prior
+            prior_rows[np.arange(prior.size), np.arange(1, prior.size + 1)] = w * weights
             prior_rows[-1, 0] = w_a
             A = np.vstack([rows, prior_rows])
             b = np.concatenate([target, np.zeros(prior.size), [w_a]])
