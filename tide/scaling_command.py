@@ -56,6 +56,7 @@ def register(app: typer.Typer) -> None:
             Path,
             typer.Argument(
                 help="Folder of <app>/placements.csv and scalability.csv (Pollux's format).",
+                metavar="PROFILES",
                 show_default=False,
             ),
         ],
@@ -69,13 +70,23 @@ def register(app: typer.Typer) -> None:
         ] = None,
         apps: Annotated[
             list[str] | None,
-            typer.Option("--apps", help="Applications to evaluate (repeat); default: every one."),
+            typer.Option(
+                "--apps",
+                metavar="NAME",
+                help="Application to evaluate (repeat for more); default: every one.",
+            ),
         ] = None,
         sizes: Annotated[
-            str, typer.Option("--sizes", help="Training sizes n, comma-separated (replicas).")
+            str,
+            typer.Option(
+                "--sizes", metavar="1,2,4,8", help="Training sizes n, comma-separated (replicas)."
+            ),
         ] = ",".join(map(str, SIZES)),
         gpus_per_node: Annotated[
-            int, typer.Option("--gpus-per-node", help="GPUs per node of the profiles' cluster.")
+            int,
+            typer.Option(
+                "--gpus-per-node", metavar="N", help="GPUs per node of the profiles' cluster."
+            ),
         ] = 4,
     ) -> None:
         """Fit each model on sizes <= n and score it on the measured sizes in (n, 2n]."""

@@ -105,11 +105,15 @@ def sync_throughput(
     """
     k_a = np.asarray(k, dtype=np.float64)
     m_a = np.asarray(m, dtype=np.float64)
-    cols = design(np.maximum(k_a, 1.0), m_a)
-    rel = cols[..., 0]
-    for j, term in enumerate(terms, start=1):
-        rel = rel + cols[..., j] * np.asarray(term, dtype=np.float64)
-    x = np.asarray(lam, dtype=np.float64) * np.maximum(k_a, 1.0) / rel
+    # ``design`` row by row, without building its stack (the allocator asks for every job at
+    # every size at once): 1 + the intra- or the inter-node terms, per (k, m).
+    p_r, q_r, p_n, u_n, q_n, h_n, c = (np.asarray(t, dtype=np.float64) for t in terms)
+    k1 = np.maximum(k_a, 1.0)
+    ring = (k1 - 1.0) / k1
+    intra = p_r * ring + q_r * (k1 - 2.0) + c * k1 * (k1 - 1.0)
+    inter = (p_n + u_n / np.maximum(m_a - 1.0, 1.0)) * ring + q_n * (k1 - 2.0) + h_n * (m_a - 2.0)
+    rel = 1.0 + np.where(k1 >= 2.0, np.where(m_a <= 1.0, intra, inter), 0.0)
+    x = np.asarray(lam, dtype=np.float64) * k1 / rel
     capped = np.where((m_a > 1.0) & (k_a >= 2.0), np.minimum(x, cross_node_max), x)
     result: FloatArray = np.where(k_a >= 1.0, capped, 0.0)
     return result

@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 
 from scheduler_policy.decision.pipeline import decide
 from scheduler_policy.models.cache import ModelCache
-from scheduler_policy.models.node_scaling import NodeScalingModel, packed_nodes
+from scheduler_policy.models.node_scaling import (
+    NodeScalingModel,
+    design,
+    packed_nodes,
+    sync_throughput,
+)
 from scheduler_policy.vocabulary.errors import ModelFitError
 from scheduler_policy.vocabulary.state import NodeState, Observation, ThroughputPoint
 from tests.scheduler_policy.builders import NOW_S, make_job, make_observation, make_policy
@@ -201,3 +206,16 @@ def test_the_allocator_packs_each_size_on_the_observed_nodes(
     nodes: tuple[int, ...], gpn: float, target: int
 ) -> None:
     assert _grown(nodes, gpn) == target
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    k=st.integers(0, 200),
+    m=st.integers(1, 50),
+    terms=st.lists(st.floats(0, 100, allow_nan=False), min_size=7, max_size=7),
+)
+def test_the_vectorised_law_is_the_fitted_design(k: int, m: int, terms: list[float]) -> None:
+    # What the allocator evaluates is what the fit solved for: 1 + design · terms, per λ.
+    expected = 0.0 if k < 1 else k / float(design(k, m) @ np.array([1.0, *terms]))
+    got = float(sync_throughput(lam=1.0, terms=terms, cross_node_max=math.inf, k=k, m=m))
+    assert got == pytest.approx(expected, rel=1e-12)
