@@ -22,10 +22,12 @@ is one non-negative least squares problem. The same form describes a job that ke
 batch fixed (weight then shifts from p to q), which is what tide's worker runtime does.
 
 Parameters the points cannot identify (no point across nodes, or a single size in a tier) are
-shrunk to a prior that is a multiple of a (``prior_*``, from Pollux's six measured applications:
-sync is 5–23% of a step inside a node and 32–73% across nodes). Until a job has been measured
-across nodes its predicted throughput on several nodes is capped at (1 + cross_node_gain_cap)
-times its fitted throughput at the largest single-node size measured.
+shrunk to a prior that is a multiple of a (``prior_*``): sync a fifth of the compute at large k,
+inside a node as across nodes (Pollux measured 5–23% of a step inside a node and 32–73% across,
+but clusters differ, and a prior that forbids crossing a node would never learn what crossing
+costs). Until a job has been measured across nodes its predicted throughput on several nodes is
+capped at (1 + cross_node_gain_cap) times its fitted throughput at the largest single-node size
+measured, so growth across a node is a bounded bet whose first measurement replaces the prior.
 """
 
 from __future__ import annotations
@@ -162,7 +164,7 @@ class NodeScalingModel(RegressorMixin, BaseEstimator):  # type: ignore[misc]  # 
         *,
         prior_intra_bandwidth: float = 0.2,
         prior_intra_latency: float = 0.0,
-        prior_inter_bandwidth: float = 1.0,
+        prior_inter_bandwidth: float = 0.2,
         prior_inter_few_nodes: float = 0.0,
         prior_inter_latency: float = 0.0,
         prior_inter_hop: float = 0.0,

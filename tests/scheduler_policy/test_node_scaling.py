@@ -57,7 +57,7 @@ CASES = {
     # One size: λ from the point, every sync term at its prior (p_r = 0.2a): X(2, 1) =
     # 2 / (0.01 × (1 + 0.2/2)) = 181.82.
     "one-size-takes-the-prior": ([(1, 1)], {}, (2, 1), 2 / 0.011),
-    # ...and across nodes the prior (p_n = a: t = 0.01875, 426.67) is capped at 1.25 × 100.
+    # ...and across nodes the prior (p_n = 0.2a: t = 0.01175, 680.9) is capped at 1.25 × 100.
     "one-size-capped-across-nodes": ([(1, 1)], {}, (8, 2), 125.0),
 }
 
@@ -192,9 +192,10 @@ def _grown(job_nodes: tuple[int, ...], gpus_per_node: float) -> int:
 ALLOCATE = {
     # 8-GPU nodes: 8 replicas stay on one node, and the job grows to its maximum.
     "one-node-grows-to-max": ((1, 1, 1), 8.0, 8),
-    # 4-GPU nodes, never measured across nodes: the prior's cross-node sync (as long as the
-    # compute) makes 5 replicas on two nodes slower than 4 on one (5/0.018 < 4/0.0115): it stays.
-    "not-measured-across-stays-on-its-node": ((1, 1, 1), 4.0, 4),
+    # 4-GPU nodes, never measured across nodes: the prior charges sync across nodes as inside
+    # one (p_n = 0.2a), but the cap holds X(5..8 on two nodes) to 1.25 × X̂(4, 1) = 434.8:
+    # 5 → 431, 6 → 434.8 (capped), 7 and 8 add nothing: it stops at 6.
+    "not-measured-across-capped": ((1, 1, 1), 4.0, 6),
     # Measured across nodes on a cheap network: 5/(0.01 + 0.001 × 4/5) > 4/0.0115, and every
     # further replica adds more: it grows across to its maximum.
     "measured-across-grows-across": ((1, 1, 2), 4.0, 8),
