@@ -17,11 +17,14 @@ Exported:
   peak non-elastic demand (queues with a forecast only), and the GPUs kept free (fixed headroom
   plus forecast).
 - ``tide_scaling_model_relative_error_ratio{namespace, volcano_job}``: mean relative error of each
-  fitted scaling model over its points; ``tide_forecast_coverage_ratio{queue_name}``: the share
-  of held-out peaks each queue's served forecast covered;
-  ``tide_forecast_pinball_gpus{queue_name, model}``: the held-out pinball loss of each candidate
-  (``model``, ``recent_peak``) on the queue's recent history; ``tide_forecast_model{queue_name,
-  model}``: 1 for the candidate the queue's headroom follows, 0 for the other.
+  fitted scaling model over its points; ``tide_scaling_model_error_ratio{namespace,
+  volcano_job}``: its recent out-of-sample error, |X̂ − X| / X of the newest point its last fit
+  took in, X̂ predicted by the fit before (jobs refitted at least twice);
+  ``tide_forecast_coverage_ratio{queue_name}``: the share of held-out peaks each queue's served
+  forecast covered; ``tide_forecast_pinball_gpus{queue_name, model}``: the held-out pinball loss
+  of each candidate (``model``, ``recent_peak``) on the queue's recent history;
+  ``tide_forecast_model{queue_name, model}``: 1 for the candidate the queue's headroom follows, 0
+  for the other.
 - ``tide_reconcile_duration_seconds``: histogram of reconcile durations, failures included.
 - ``tide_reconcile_failures_total``: reconciles that raised.
 - ``tide_last_reconcile_timestamp_seconds``: when the last successful reconcile finished.
@@ -177,6 +180,15 @@ class EngineMetrics(Collector):
             for key, value in sorted(accuracy.scaling_relative_error.items()):
                 if math.isfinite(value):
                     error.add_metric(_job_labels(key), value)
+            recent = GaugeMetricFamily(
+                "tide_scaling_model_error_ratio",
+                "Relative error of each job's newest throughput point against the prediction "
+                "the scaling model's previous fit made for it.",
+                labels=["namespace", "volcano_job"],
+            )
+            for key, value in sorted(accuracy.scaling_prediction_error.items()):
+                recent.add_metric(_job_labels(key), value)
+            families.append(recent)
             coverage = GaugeMetricFamily(
                 "tide_forecast_coverage_ratio",
                 "Share of held-out demand peaks at or below each queue's forecast.",

@@ -56,7 +56,9 @@ MILLI = 1000.0
 
 _TIME = operator.attrgetter("time_s")
 
-_RANGE_QUERIES = frozenset({"job_throughput", "job_world_size", "queue_nonelastic_demand"})
+_RANGE_QUERIES = frozenset(
+    {"job_throughput", "job_world_size", "job_nodes", "queue_nonelastic_demand"}
+)
 
 DEMAND_FILL_S = 6 * 3600.0
 """Demand history read per round while the lookback fills, newest first: a week at the
@@ -218,6 +220,7 @@ class SampleBuilder:
         windows = {
             "job_throughput": (grid_start, grid_end),
             "job_world_size": (grid_start, grid_end),
+            "job_nodes": (grid_start, grid_end),
             "queue_nonelastic_demand": (new_start, new_end),
             "queue_nonelastic_demand fill": (fill_start, fill_end),
         }
@@ -452,13 +455,17 @@ class SampleBuilder:
                 sizes = self._range("job_world_size", start, end)
             except QueryRefused as e:
                 return f"query refused: {e}"
-            by_job: dict[JobKey, tuple[dict[float, float], dict[float, float]]] = {}
-            for kind, result in ((0, rates), (1, sizes)):
+            try:
+                nodes = self._range("job_nodes", start, end)
+            except QueryRefused:
+                nodes = []  # the nodes are then unknown; throughput and sizes still count
+            by_job: dict[JobKey, tuple[dict[float, float], ...]] = {}
+            for kind, result in ((0, rates), (1, sizes), (2, nodes)):
                 for series in result:
                     job = job_key(series.labels)
                     if job is not None:
-                        by_job.setdefault(job, ({}, {}))[kind].update(series.points)
-            for job, (job_rates, job_sizes) in by_job.items():
+                        by_job.setdefault(job, ({}, {}, {}))[kind].update(series.points)
+            for job, (job_rates, job_sizes, job_nodes) in by_job.items():
                 tracker = self._trackers.get(job)
                 if tracker is None:
                     tracker = self._trackers[job] = JobThroughput(
@@ -467,7 +474,12 @@ class SampleBuilder:
                         grid_start_s=self._grid_start_s + self.step_s,
                     )
                 for t in sorted(job_rates.keys() | job_sizes.keys()):
-                    tracker.add(t, job_sizes.get(t, math.nan), job_rates.get(t, math.nan))
+                    tracker.add(
+                        t,
+                        job_sizes.get(t, math.nan),
+                        job_rates.get(t, math.nan),
+                        nodes=job_nodes.get(t, math.nan),
+                    )
             self._grid_end_s = end
         for job in list(self._trackers):
             tracker = self._trackers[job]

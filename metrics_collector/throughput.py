@@ -1,4 +1,5 @@
-"""A job's throughput history: from a grid of (time, world size, rate) to one point per size.
+"""A job's throughput history: from a grid of (time, world size, rate, nodes) to one point per
+size and node count.
 
 The scaling model fits throughput against replicas; what it needs from Prometheus is, for each
 world size the job has run at, one recent and representative measurement. ``JobThroughput``
@@ -28,8 +29,9 @@ class JobThroughput:
     A rate at time t averages the window [t - rate_window_s, t]. Right after the world size
     changed, that window mixes two sizes (and the restart between them), and right after a job's
     series began it reaches back before the first sample: such points are not settled. Each
-    size's point is the median of its latest ``RECENT_POINTS`` settled rates, stamped with the
-    newest one's time.
+    (size, nodes)'s point is the median of its latest ``RECENT_POINTS`` settled rates, stamped
+    with the newest one's time; a change of nodes at one size is a restart too. Nodes are
+    unknown (None) where the grid has no node count.
 
     Attributes:
         rate_window_s: the window of the rates.
@@ -47,12 +49,14 @@ class JobThroughput:
     newest_rate: float = math.nan
     newest_size: float = math.nan
     newest_rate_s: float | None = None
-    _previous: int | None = None
+    _previous: tuple[int, int | None] | None = None
     _size_since: float = -math.inf
-    _settled: dict[int, deque[tuple[float, float]]] = field(default_factory=dict)
+    _settled: dict[tuple[int, int | None], deque[tuple[float, float]]] = field(default_factory=dict)
 
-    def add(self, time_s: float, size: float, rate: float) -> None:
+    def add(self, time_s: float, size: float, rate: float, *, nodes: float = math.nan) -> None:
         """Take one grid point; points must come in increasing time.
+
+        ``nodes`` is the node count the membership spans (NaN or below 1: unknown).
 
         Points with a size below 1, a rate that is not positive, or either not finite, count
         for ``newest_*`` only.
@@ -69,7 +73,7 @@ class JobThroughput:
             self.newest_rate_s = time_s
         if not (math.isfinite(size) and size >= 1 and math.isfinite(rate) and rate > 0):
             return
-        whole = round(size)
+        whole = (round(size), round(nodes) if math.isfinite(nodes) and nodes >= 1 else None)
         if self._previous is None:
             if time_s > self.grid_start_s:
                 self._size_since = time_s
@@ -83,14 +87,15 @@ class JobThroughput:
             taken.append((time_s, rate))
 
     def points(self, *, oldest_s: float = -math.inf) -> tuple[ThroughputPoint, ...]:
-        """One point per size with settled rates at or after ``oldest_s``, oldest first."""
+        """One point per (size, nodes) with settled rates at or after ``oldest_s``, oldest
+        first."""
         result = []
-        for size, taken in self._settled.items():
+        for (size, nodes), taken in self._settled.items():
             kept = [(t, r) for t, r in taken if t >= oldest_s]
             if kept:
                 median = statistics.median(r for _, r in kept)
                 result.append(ThroughputPoint(time_s=kept[-1][0], replicas=size,
-                                              samples_per_s=median))  # fmt: skip
+                                              samples_per_s=median, nodes=nodes))  # fmt: skip
         result.sort(key=lambda p: p.time_s)
         return tuple(result)
 
@@ -105,7 +110,7 @@ class JobThroughput:
 
 
 def representative_points(
-    points: Iterable[tuple[float, float, float]],
+    points: Iterable[tuple[float, float, float] | tuple[float, float, float, float]],
     *,
     rate_window_s: float,
     grid_start_s: float = math.inf,
@@ -113,7 +118,7 @@ def representative_points(
     """One throughput point per world size the job ran at, oldest first (see ``JobThroughput``).
 
     Args:
-        points: ``(time_s, world_size, samples_per_s)`` in any order.
+        points: ``(time_s, world_size, samples_per_s)`` or ``(..., nodes)``, in any order.
         rate_window_s: the window of the rates.
         grid_start_s: the first time the grid was read at (by default every job ran before it).
 
@@ -121,6 +126,7 @@ def representative_points(
         The points, sorted by time; empty when no size has a settled point.
     """
     tracker = JobThroughput(rate_window_s=rate_window_s, grid_start_s=grid_start_s)
-    for t, size, rate in sorted(points, key=lambda p: p[0]):
-        tracker.add(t, size, rate)
+    for point in sorted(points, key=lambda p: p[0]):
+        t, size, rate = point[0], point[1], point[2]
+        tracker.add(t, size, rate, nodes=point[3] if len(point) > 3 else math.nan)
     return tracker.points()

@@ -113,7 +113,7 @@ class SimulatedCluster(ClusterCore):
             return
         noise = 1.0 + self.metrics.throughput_noise * float(self._rng.standard_normal())
         rate = job.rate * job.spec.profile.samples_per_unit * max(0.1, noise)
-        job.points.append(ThroughputPoint(time_s=now_s, replicas=n, samples_per_s=rate))
+        job.points.append(ThroughputPoint(now_s, n, rate, nodes=len(set(job.pods)) or None))
         if len(job.points) > self.metrics.max_points:
             del job.points[0]
 

@@ -23,7 +23,14 @@ from scheduler_policy.policy.file import load_policy
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.errors import TideError
 from scheduler_policy.vocabulary.state import Observation
-from tide import forecast_command, history_command, policy_commands, sim_commands, tune_command
+from tide import (
+    forecast_command,
+    history_command,
+    policy_commands,
+    scaling_command,
+    sim_commands,
+    tune_command,
+)
 from tide.engine import command as engine_command
 from tide.plan_view import plan_document, plan_renderable, queue_views
 from tide.sim_options import error_lines
@@ -88,6 +95,7 @@ policy_commands.register(app)
 sim_commands.register(app)
 tune_command.register(app)
 history_command.register(app)
+scaling_command.register(app)
 engine_command.register(app)
 forecast_command.register(app)
 

@@ -4,6 +4,9 @@ Variables read (all optional except where torchrun always sets them):
 
 ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``
     Set by torchrun for every worker; default to a single-process run.
+``GROUP_WORLD_SIZE``
+    Set by torchrun: the agents (pods) in the membership, one per node the job spans (each
+    pod is placed on a node of its own); defaults to ``WORLD_SIZE / LOCAL_WORLD_SIZE``.
 ``TORCHELASTIC_RESTART_COUNT``
     Set by torchrun; counts failure restarts only (a membership change does not raise it).
 ``TIDE_METRICS_PORT``
@@ -154,6 +157,7 @@ class WorkerEnv:
         metrics_port: Port for the metrics server, ``None`` for no server.
         pod_name: Kubernetes pod name, ``""`` when unknown.
         adaptive: The adaptive-batch bounds, ``None`` when the job does not opt in.
+        group_world_size: agents (pods) in the membership, the nodes the job spans.
     """
 
     rank: int
@@ -166,6 +170,7 @@ class WorkerEnv:
     metrics_port: int | None
     pod_name: str = ""
     adaptive: AdaptiveBatchSettings | None = None
+    group_world_size: int = 1
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerEnv:
@@ -202,6 +207,12 @@ class WorkerEnv:
             metrics_port=metrics_port,
             pod_name=env.get(POD_NAME_ENV, ""),
             adaptive=AdaptiveBatchSettings.from_environ(env),
+            group_world_size=_int_var(
+                env,
+                "GROUP_WORLD_SIZE",
+                max(1, world_size // _int_var(env, "LOCAL_WORLD_SIZE", 1, minimum=1)),
+                minimum=1,
+            ),
         )
 
 

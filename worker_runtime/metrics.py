@@ -73,6 +73,12 @@ class WorkerMetrics:
         self.world_size = Gauge(
             "tide_worker_world_size", "Workers in the current membership.", LABELS, registry=reg
         ).labels(**labels)
+        self.nodes = Gauge(
+            "tide_worker_nodes",
+            "Nodes the current membership spans: torchrun's agents (GROUP_WORLD_SIZE).",
+            LABELS,
+            registry=reg,
+        ).labels(**labels)
         self.checkpoint_blocked_seconds = Histogram(
             "tide_worker_checkpoint_blocked_seconds",
             "Time training was blocked by one checkpoint save.",

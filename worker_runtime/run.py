@@ -222,6 +222,7 @@ class ElasticRun:
             self._export_adaptive()
         self._prepare_snapshot()
         self.metrics.world_size.set(self.env.world_size)
+        self.metrics.nodes.set(self.env.group_world_size)
         self.metrics.steps.inc(self.position.step)
         self.metrics.checkpoint_load_seconds.set(self.resume_info.load_s)
         self.metrics.restarts.inc(self.state.restarts)

@@ -18,7 +18,7 @@ The format mirrors the dataclasses in ``vocabulary.state`` with camelCase keys::
         scheduledReplicas: 2       # pods bound to a node; the rest wait for GPUs (default: all)
         phase: Running
         elastic: true
-        throughput: [{time: 1699999000, replicas: 2, samplesPerS: 190}]
+        throughput: [{time: 1699999000, replicas: 2, samplesPerS: 190, nodes: 1}]  # nodes: optional
         metricsFresh: true         # false: this job's own throughput is stale (it holds)
         staleReason: "..."         # with metricsFresh false: what was stale, for `tide plan`
         annotations: {tide.io/max-replicas: "16"}   # tide.io/memory too, as tide stores it
@@ -67,13 +67,21 @@ _JOB = (
     "scheduledReplicas", "phase", "elastic", "task", "restartCost", "remainingSamples",
     "lastRescale", "annotations", "throughput", "nonelasticGpus", "metricsFresh", "staleReason",
 )  # fmt: skip
-_POINT = ("time", "replicas", "samplesPerS")
+_POINT = ("time", "replicas", "samplesPerS", "nodes")
 _PHASES = {phase.value: phase for phase in JobPhase}
 
 
 def _count(value: object, path: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{path}: must be a non-negative integer, got {show(value)}")
+    return value
+
+
+def _optional_nodes(value: object, path: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{path}: must be an integer >= 1 (nodes spanned), got {show(value)}")
     return value
 
 
@@ -125,6 +133,7 @@ def _point(value: object, path: str, problems: list[str]) -> ThroughputPoint | N
         time_s=p.get("time", 0.0, non_negative),
         replicas=p.get("replicas", 1, _count),
         samples_per_s=p.get("samplesPerS", 0.0, non_negative),
+        nodes=p.get("nodes", None, _optional_nodes),
     )
 
 

@@ -38,7 +38,6 @@ from scheduler_policy.decision.budget import QueueBudget
 from scheduler_policy.decision.job_table import JobTable
 from scheduler_policy.decision.ranking import best_first, by_group_best_first
 from scheduler_policy.decision.trade import grow_after_trade, ranked_prefix, trade
-from scheduler_policy.models.scaling import usl_throughput
 from scheduler_policy.policy.spec import Defaults, Objective
 from scheduler_policy.vocabulary.state import GPU_EPSILON, QueueName, Reason
 
@@ -87,8 +86,8 @@ def _expected_remaining_s(age_s: FloatArray, assumed_s: float) -> FloatArray:
 
 
 def _curve(t: JobTable, n: FloatArray) -> FloatArray:
-    """Each job's throughput at replica counts ``n`` (one row per job)."""
-    return usl_throughput(t.lam[:, None], t.sigma[:, None], t.kappa[:, None], n)
+    """Each job's throughput at replica counts ``n`` (one row per job), packed on its nodes."""
+    return t.throughput(n)
 
 
 def allocate(

@@ -10,6 +10,8 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_policy.models.curve import JobCurve
+from scheduler_policy.models.node_scaling import SYNC_TERMS, packed_nodes, sync_throughput
+from scheduler_policy.models.scaling import usl_throughput
 from scheduler_policy.vocabulary.state import JobKey, JobState, QueueName
 
 FloatArray = npt.NDArray[np.float64]
@@ -47,6 +49,11 @@ class JobTable:
         lam, sigma, kappa: each job's scaling curve.
         measured: whether the curve comes from the job's own measurements.
         shaped: whether it was measured at two or more sizes (its shape is the job's own).
+        sync: each job's sync parameters (``JobCurve.sync``), one row per job; None when no
+            curve has them (every job on the USL form).
+        placed: whether each job's curve has them.
+        cross_node_max: each job's cap across nodes, samples/s.
+        gpus_per_node: the node size each job's sizes are packed on.
     """
 
     jobs: tuple[JobState, ...]
@@ -69,6 +76,28 @@ class JobTable:
     kappa: FloatArray
     measured: BoolArray
     shaped: BoolArray
+    sync: FloatArray | None = None
+    placed: BoolArray | None = None
+    cross_node_max: FloatArray | None = None
+    gpus_per_node: FloatArray | None = None
+
+    def throughput(self, n: FloatArray) -> FloatArray:
+        """Each job's throughput at replica counts ``n`` (one row per job), on the nodes each
+        count spans when packed (k × GPUs per replica on the job's node size)."""
+        usl = usl_throughput(self.lam[:, None], self.sigma[:, None], self.kappa[:, None], n)
+        if self.sync is None or self.placed is None:
+            return usl
+        assert self.cross_node_max is not None and self.gpus_per_node is not None
+        m = packed_nodes(n, self.gpus_per_replica[:, None], self.gpus_per_node[:, None])
+        placed = sync_throughput(
+            lam=self.lam[:, None],
+            terms=[self.sync[:, j, None] for j in range(self.sync.shape[1])],
+            cross_node_max=self.cross_node_max[:, None],
+            k=n,
+            m=m,
+        )
+        result: FloatArray = np.where(self.placed[:, None], placed, usl)
+        return result
 
     @classmethod
     def build(
@@ -107,6 +136,11 @@ class JobTable:
         hi = np.maximum(integers("max_replicas"), lo)
         asked = column("requested_replicas")
         requested = np.clip(np.where(np.isnan(asked), lo, asked), lo, hi).astype(np.int64)
+        placed = np.array([bool(c.sync) for c in curves], dtype=bool)
+        sync = None
+        if placed.any():
+            zeros = (0.0,) * len(SYNC_TERMS)
+            sync = np.array([c.sync or zeros for c in curves], dtype=np.float64)
         return cls(
             jobs=tuple(jobs),
             keys=tuple(map(attrgetter("key"), jobs)),
@@ -130,4 +164,8 @@ class JobTable:
             kappa=column("kappa", curves),
             measured=measured,
             shaped=integers("sizes", curves) >= 2,
+            sync=sync,
+            placed=placed if sync is not None else None,
+            cross_node_max=column("cross_node_max_samples_per_s", curves),
+            gpus_per_node=column("gpus_per_node", curves),
         )

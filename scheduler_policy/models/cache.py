@@ -3,21 +3,25 @@
 ``ModelCache.fit`` runs before ``decide`` and is the only stateful step of a reconcile: it hands
 ``decide`` a ``Fits`` value (a curve per job, a forecast per queue, and the jobs whose fit failed).
 
-A job's scaling model is refitted when it has run at a replica count the last fit had not seen, or
-when ``refit_s`` has passed since the last fit. A queue's forecaster is refitted when ``refit_s``
-has passed or its quantile or horizon changed. Both can be rebuilt from Prometheus history, so the
-cache lives in memory only.
+A job's scaling model (``NodeScalingModel``: compute plus sync inside and across nodes) is refitted
+when it has run at a (replicas, nodes) the last fit had not seen, when the cluster's node size
+changed, or when ``refit_s`` has passed since the last fit. Each refit first scores the previous fit
+on the newest point (``ModelAccuracy.scaling_prediction_error``). The node size is the largest
+node's allocatable GPUs in the observation, else ``default_gpus_per_node``. A queue's forecaster is
+refitted when ``refit_s`` has passed or its quantile or horizon changed. Both can be rebuilt from
+Prometheus history, so the cache lives in memory only.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from scheduler_policy.models.curve import JobCurve
+from scheduler_policy.models.node_scaling import SYNC_TERMS, NodeScalingModel, design
 from scheduler_policy.models.peak_forecast import PeakForecaster
-from scheduler_policy.models.scaling import ScalingModel
 from scheduler_policy.policy.spec import ElasticPolicy, Headroom
 from scheduler_policy.vocabulary.errors import ModelFitError
 from scheduler_policy.vocabulary.state import (
@@ -27,6 +31,7 @@ from scheduler_policy.vocabulary.state import (
     Observation,
     QueueName,
     QueueState,
+    ThroughputPoint,
 )
 
 logger = logging.getLogger(__name__)
@@ -54,10 +59,12 @@ class Fits:
 
 @dataclass(slots=True)
 class _FittedCurve:
-    sizes: frozenset[int]
+    sizes: frozenset[tuple[int, int | None]]  # (replicas, nodes) fitted on
     fitted_at_s: float
     curve: JobCurve
-    relative_error: float  # the fit's mean |X̂ − X| / X over its points (ScalingModel)
+    relative_error: float  # the fit's mean |X̂ − X| / X over its points (NodeScalingModel)
+    gpus_per_node: float
+    prediction_error: float  # |X̂ − X| / X of the newest point, X̂ from the fit before it (NaN)
 
 
 @dataclass(slots=True)
@@ -75,7 +82,9 @@ class ModelAccuracy:
 
     Attributes:
         scaling_relative_error: per fitted job, its scaling model's mean relative error over
-            the points it was fitted to (``ScalingModel.relative_error_``).
+            the points it was fitted to (``NodeScalingModel.relative_error_``).
+        scaling_prediction_error: per job refitted at least twice, |X̂ − X| / X of the newest
+            point its last fit used, X̂ predicted by the fit before it (an out-of-sample error).
         forecast_coverage: per queue whose forecaster was scored on held-out history, the
             fraction of held-out peaks at or below the served forecast
             (``PeakForecaster.holdout_coverage_``).
@@ -91,6 +100,7 @@ class ModelAccuracy:
     forecast_gpus: dict[QueueName, float]
     forecast_pinball_gpus: dict[QueueName, dict[str, float]] = field(default_factory=dict)
     forecast_choice: dict[QueueName, str] = field(default_factory=dict)
+    scaling_prediction_error: dict[JobKey, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -103,23 +113,43 @@ class ModelCache:
         forecast_fits: forecaster fits done so far.
         forecast_holdout: kept for callers of the earlier forecaster; every forecaster is now
             scored on its recent history (the same fit), so this changes nothing.
+        default_gpus_per_node: the node size sizes are packed on when the observation lists
+            no nodes.
     """
 
     refit_s: float = 600.0
     curve_fits: int = 0
     forecast_fits: int = 0
     forecast_holdout: bool = False
+    default_gpus_per_node: float = 8.0
     _curves: dict[JobKey, _FittedCurve] = field(default_factory=dict)
     _forecasts: dict[QueueName, _FittedForecast] = field(default_factory=dict)
-    _prior: JobCurve | None = None
+    _priors: dict[tuple[float, float], JobCurve] = field(default_factory=dict)
     _last_forecast: dict[QueueName, float] = field(default_factory=dict)
 
-    def prior_curve(self) -> JobCurve:
-        """The curve assumed for a job that has not been measured yet (λ = 1: shape only)."""
-        if self._prior is None:
-            model = ScalingModel.prior_model()
-            self._prior = JobCurve(1.0, float(model.sigma_), float(model.kappa_), measured=False)
-        return self._prior
+    def prior_curve(
+        self, *, gpus_per_replica: float = 1.0, gpus_per_node: float = math.inf
+    ) -> JobCurve:
+        """The curve assumed for a job not measured yet (λ = 1: shape only): the model's prior,
+        capped across nodes at (1 + cap) times its throughput on one full node."""
+        key = (gpus_per_replica, gpus_per_node)
+        prior = self._priors.get(key)
+        if prior is None:
+            model = NodeScalingModel()
+            per_node = 1.0
+            if gpus_per_replica > 0 and math.isfinite(gpus_per_node):
+                per_node = max(1.0, math.floor(gpus_per_node / gpus_per_replica + 1e-9))
+            # The prior's own fit: one point on one full node at λ = 1 pins every term to it.
+            model.fit([[per_node, 1.0]], [per_node / _prior_time(model, per_node)])
+            prior = _curve_of(model, measured=False, sizes=0, gpus_per_node=gpus_per_node)
+            self._priors[key] = prior
+        return prior
+
+    def gpus_per_node(self, observation: Observation) -> float:
+        """The node size sizes are packed on: the largest allocatable GPUs among the
+        observation's nodes, else ``default_gpus_per_node``."""
+        sizes = [n.allocatable_gpus for n in observation.nodes if n.allocatable_gpus > 0]
+        return max(sizes) if sizes else float(self.default_gpus_per_node)
 
     def fit(self, observation: Observation, policy: ElasticPolicy) -> Fits:
         """Fit what ``decide`` needs for ``observation``: the fit phase of a reconcile.
@@ -133,13 +163,14 @@ class ModelCache:
             forecast for every queue the policy manages. A failure never raises.
         """
         now_s = observation.time_s
+        gpn = self.gpus_per_node(observation)
         curves: dict[JobKey, JobCurve] = {}
         failures: dict[JobKey, str] = {}
         for job in observation.jobs:
             if not job.elastic or job.phase is not JobPhase.RUNNING:
                 continue  # never planned for: nothing to fit
             try:
-                curves[job.key] = self.curve(job, now_s=now_s)
+                curves[job.key] = self.curve(job, now_s=now_s, gpus_per_node=gpn)
             except ModelFitError as e:
                 failures[job.key] = str(e)
                 logger.warning("%s", e)
@@ -156,12 +187,13 @@ class ModelCache:
             curves=curves, failures=failures, forecast_gpus=forecasts, forecast_reasons=reasons
         )
 
-    def curve(self, job: JobState, *, now_s: float) -> JobCurve:
+    def curve(self, job: JobState, *, now_s: float, gpus_per_node: float | None = None) -> JobCurve:
         """The job's scaling curve, refitted only when something new was measured.
 
         Args:
             job: the job, with its throughput history.
             now_s: the reconcile time.
+            gpus_per_node: the cluster's node size; None for ``default_gpus_per_node``.
 
         Returns:
             The fitted curve, or the prior when the job has no usable measurement.
@@ -169,31 +201,37 @@ class ModelCache:
         Raises:
             ModelFitError: the fit failed; the message names the job and the error.
         """
+        gpn = float(self.default_gpus_per_node if gpus_per_node is None else gpus_per_node)
         cached = self._curves.get(job.key)
-        # The steady state: no size measured that the last fit had not seen.
+        # The steady state: no (replicas, nodes) measured that the last fit had not seen.
         if (
             cached is not None
             and now_s - cached.fitted_at_s < self.refit_s
-            and {p.replicas for p in job.throughput_history} <= cached.sizes
+            and cached.gpus_per_node == gpn
+            and {(p.replicas, p.nodes) for p in job.throughput_history} <= cached.sizes
         ):
             return cached.curve
         points = [p for p in job.throughput_history if p.replicas >= 1 and p.samples_per_s > 0]
         if not points:
-            return self.prior_curve()
-        sizes = frozenset(p.replicas for p in job.throughput_history)
+            return self.prior_curve(gpus_per_replica=job.gpus_per_replica, gpus_per_node=gpn)
+        sizes = frozenset((p.replicas, p.nodes) for p in job.throughput_history)
         try:
-            model = ScalingModel.from_points(points)
+            model = NodeScalingModel.from_points(
+                points, gpus_per_replica=job.gpus_per_replica, gpus_per_node=gpn
+            )
         except (ModelFitError, ValueError) as e:
             raise ModelFitError(f"job {job.key}: scaling model fit failed: {e}") from e
         self.curve_fits += 1
-        curve = JobCurve(
-            float(model.lambda_),
-            float(model.sigma_),
-            float(model.kappa_),
-            measured=True,
-            sizes=len({p.replicas for p in points}),
+        curve = _curve_of(
+            model, measured=True, sizes=len({p.replicas for p in points}), gpus_per_node=gpn
         )
-        self._curves[job.key] = _FittedCurve(sizes, now_s, curve, float(model.relative_error_))
+        error = math.nan
+        if cached is not None:
+            newest = max(points, key=lambda p: p.time_s)
+            error = _prediction_error(cached.curve, newest, job.gpus_per_replica)
+        self._curves[job.key] = _FittedCurve(
+            sizes, now_s, curve, float(model.relative_error_), gpn, error
+        )
         return curve
 
     def forecast_gpus(self, queue: QueueState, headroom: Headroom, *, now_s: float) -> float:
@@ -258,6 +296,11 @@ class ModelCache:
                 pinball[name] = dict(forecaster.holdout_pinball_)
         return ModelAccuracy(
             scaling_relative_error={k: c.relative_error for k, c in self._curves.items()},
+            scaling_prediction_error={
+                k: c.prediction_error
+                for k, c in self._curves.items()
+                if math.isfinite(c.prediction_error)
+            },
             forecast_coverage=coverage,
             forecast_gpus=dict(self._last_forecast),
             forecast_pinball_gpus=pinball,
@@ -268,3 +311,40 @@ class ModelCache:
         """Drop the curves of jobs that no longer exist."""
         for key in [k for k in self._curves if k not in keep]:
             del self._curves[key]
+
+
+def _prior_time(model: NodeScalingModel, replicas: float) -> float:
+    """k / X(k, 1) under the model's prior with a = 1: 1 + Σ prior term × its design column."""
+    cols = design(replicas, 1.0)
+    prior = [float(getattr(model, f"prior_{t}")) for t in SYNC_TERMS]
+    return float(cols[0] + sum(c * p for c, p in zip(cols[1:], prior, strict=True)))
+
+
+def _curve_of(
+    model: NodeScalingModel, *, measured: bool, sizes: int, gpus_per_node: float
+) -> JobCurve:
+    """The fitted model as the curve ``decide`` reads."""
+    sync = tuple(float(t) for t in model.terms_)
+    # σ for the placement code's USL: the single-node curve matched at two replicas,
+    # 1 + σ = 2/X(2, 1) per λ = 1 + p_r/2.
+    return JobCurve(
+        float(model.lambda_),
+        sync[0] / 2.0,
+        0.0,
+        measured=measured,
+        sizes=sizes,
+        sync=sync,
+        cross_node_max_samples_per_s=float(model.cross_node_max_),
+        gpus_per_node=gpus_per_node,
+    )
+
+
+def _prediction_error(curve: JobCurve, point: ThroughputPoint, gpus_per_replica: float) -> float:
+    """|X̂ − X| / X of ``point`` under ``curve`` (its nodes, else packed); NaN when unusable."""
+    nodes = None if point.nodes is None else float(point.nodes)
+    predicted = float(
+        curve.throughput(float(point.replicas), gpus_per_replica=gpus_per_replica, nodes=nodes)
+    )
+    if not (math.isfinite(predicted) and point.samples_per_s > 0):
+        return math.nan
+    return abs(predicted - point.samples_per_s) / point.samples_per_s

@@ -131,6 +131,8 @@ class PrometheusQueries:
         cluster_last_sample: when the nodes' figures were last scraped.
         job_throughput: each job's training samples per second over all its pods.
         job_world_size: each job's workers in its current membership.
+        job_nodes: the nodes each job's current membership spans (torchrun's agents, the
+            workers' ``tide_worker_nodes``); a job without the series has unknown nodes.
         job_last_sample: when each job's throughput counter was last scraped.
         job_planned_samples: samples each job's run will consume in all (only jobs that
             declare their epochs and dataset).
@@ -163,6 +165,7 @@ class PrometheusQueries:
         "sum by (namespace, volcano_job) (rate(tide_worker_samples_total[${rateWindow}]))"
     )
     job_world_size: str = "max by (namespace, volcano_job) (tide_worker_world_size)"
+    job_nodes: str = "max by (namespace, volcano_job) (tide_worker_nodes)"
     job_last_sample: str = "max by (namespace, volcano_job) (timestamp(tide_worker_samples_total))"
     job_planned_samples: str = "max by (namespace, volcano_job) (tide_worker_planned_samples)"
     job_consumed_samples: str = "max by (namespace, volcano_job) (tide_worker_consumed_samples)"

@@ -44,11 +44,13 @@ class ThroughputPoint:
         time_s: when it was measured, seconds since the epoch.
         replicas: how many workers the job ran with.
         samples_per_s: training samples processed per second, over all workers.
+        nodes: how many nodes the workers spanned; None where unknown.
     """
 
     time_s: float
     replicas: int
     samples_per_s: float
+    nodes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

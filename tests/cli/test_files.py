@@ -170,3 +170,27 @@ def test_an_observation_refuses_values_it_once_accepted(
     with pytest.raises(TideError) as refused:
         load_observation(path)
     assert f"  - {message}" in str(refused.value).splitlines()
+
+
+@pytest.mark.parametrize(
+    ("point", "nodes"),
+    [("{time: 900, replicas: 2, samplesPerS: 10}", None),
+     ("{time: 900, replicas: 8, samplesPerS: 10, nodes: 2}", 2)],
+    ids=["nodes-unknown", "nodes-given"],
+)  # fmt: skip
+def test_a_throughput_point_may_say_its_nodes(
+    tmp_path: Path, point: str, nodes: int | None
+) -> None:
+    path = tmp_path / "obs.yaml"
+    path.write_text(OBSERVED.replace("{time: 900, replicas: 2, samplesPerS: 10}", point))
+    (job,) = load_observation(path).jobs
+    assert job.throughput_history[0].nodes == nodes
+
+
+def test_a_throughput_point_refuses_zero_nodes(tmp_path: Path) -> None:
+    path = tmp_path / "obs.yaml"
+    path.write_text(OBSERVED.replace("samplesPerS: 10}", "samplesPerS: 10, nodes: 0}"))
+    with pytest.raises(TideError) as refused:
+        load_observation(path)
+    expected = "  - jobs[0].throughput[0].nodes: must be an integer >= 1 (nodes spanned), got 0"
+    assert expected in str(refused.value).splitlines()

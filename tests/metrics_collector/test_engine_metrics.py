@@ -13,7 +13,7 @@ from metrics_collector.engine_metrics import EngineMetrics
 from metrics_collector.sampling import SampleReport
 from scheduler_policy.engine.reconcile import ReconcileResult, reconcile
 from scheduler_policy.models.cache import ModelCache
-from scheduler_policy.models.scaling import ScalingModel
+from scheduler_policy.models.node_scaling import NodeScalingModel
 from scheduler_policy.policy.spec import ElasticPolicy, Headroom
 from scheduler_policy.testing.fake import FakeCluster
 from scheduler_policy.vocabulary.state import DemandPoint
@@ -83,10 +83,30 @@ def test_a_reconcile_exports_decisions_replicas_budgets_and_timing() -> None:
     assert value(registry, "tide_metrics_fresh") == 1
     assert value(registry, "tide_metrics_stale_series") == 0
     # The scaling model's own figure for the points it was fitted to.
-    expected_error = ScalingModel.from_points(make_job("a").throughput_history).relative_error_
+    history = make_job("a").throughput_history
+    expected_error = NodeScalingModel.from_points(history, gpus_per_node=8.0).relative_error_
     error = value(registry, "tide_scaling_model_relative_error_ratio", **JOB_A)
     assert error == pytest.approx(expected_error)
     assert error is not None and 0 < error < 0.01
+
+
+def test_the_scaling_models_recent_error_is_the_previous_fits_miss_on_the_newest_point() -> None:
+    registry = CollectorRegistry()
+    metrics = EngineMetrics(registry)
+    models = ModelCache()
+    for sizes in ((1, 2), (1, 2, 4)):  # the second round brings a point at 4 replicas
+        cluster = FakeCluster(make_observation(make_job("a", sizes=sizes), free=4))
+        result = reconcile(
+            metrics=cluster, cluster=cluster, policy=make_policy(), now_s=NOW_S, models=models
+        )
+        metrics.record(result, models=models, duration_s=0.01, finished_s=NOW_S)
+        if sizes == (1, 2):
+            assert value(registry, "tide_scaling_model_error_ratio", **JOB_A) is None
+    history = make_job("a", sizes=(1, 2, 4)).throughput_history
+    before = NodeScalingModel.from_points(history[:2], gpus_per_node=8.0)
+    expected = abs(before.throughput(4, 1) - history[2].samples_per_s) / history[2].samples_per_s
+    error = value(registry, "tide_scaling_model_error_ratio", **JOB_A)
+    assert error == pytest.approx(expected) and error > 0
 
 
 def test_counters_add_up_and_gauges_follow_the_latest_round() -> None:

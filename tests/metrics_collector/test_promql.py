@@ -138,6 +138,33 @@ def test_representative_points(
     assert list(representative_points(points, rate_window_s=120.0)) == expected
 
 
+NODES = {
+    # The node count read beside the size lands in the point.
+    "nodes-recorded": (
+        [(60.0 * i, 4.0, 200.0, 1.0) for i in range(4)],
+        [ThroughputPoint(180, 4, 200, nodes=1)],
+    ),
+    # Same size on more nodes: a restart, a second point (the first window after it unsettled).
+    "same-size-other-nodes": (
+        [(60.0 * i, 8.0, 300.0, 1.0) for i in range(3)]
+        + [(60.0 * i, 8.0, 120.0, 2.0) for i in range(3, 7)],
+        [ThroughputPoint(120, 8, 300, nodes=1), ThroughputPoint(360, 8, 120, nodes=2)],
+    ),
+    # No node count (NaN): unknown.
+    "nodes-unknown": (
+        [(60.0 * i, 2.0, 90.0, math.nan) for i in range(3)],
+        [ThroughputPoint(120, 2, 90)],
+    ),
+}
+
+
+@pytest.mark.parametrize(("points", "expected"), NODES.values(), ids=NODES)
+def test_points_carry_the_nodes_spanned(
+    points: list[tuple[float, float, float, float]], expected: list[ThroughputPoint]
+) -> None:
+    assert list(representative_points(points, rate_window_s=120.0)) == expected
+
+
 def test_a_job_that_began_within_the_grid_skips_its_first_window() -> None:
     points = grid((2, 10, 2), (2, 100, 3))  # the first two rates reach back before it began
     assert representative_points(points, rate_window_s=120.0, grid_start_s=-60.0) == (

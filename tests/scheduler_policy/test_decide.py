@@ -200,8 +200,9 @@ SCENARIOS = {
         {"linear": (1, Reason.WITHDRAW_UNPLACED), "poor": (3, Reason.AT_TARGET)},
     ),
     "hold-under-tolerance": (
+        # The fifth replica adds 13% (sync's share grows with the ring): under a 15% tolerance.
         make_observation(make_job("a", current=4, max_replicas=5, sigma=0.2), free=8),
-        make_policy(tolerance=0.1),
+        make_policy(tolerance=0.15),
         {"a": (4, Reason.WITHIN_TOLERANCE)},
     ),
     "restart-cost-larger-than-the-gain": (

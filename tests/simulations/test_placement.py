@@ -397,3 +397,14 @@ def test_tide_shrinks_research_until_the_gang_fits_on_nodes(
     waits = wire_run(order)
     assert waits["ns/bert"] == (0.0, research_fewest)
     assert waits["ns/gang"] == (pytest.approx(gang_wait_h), 3)
+
+
+@pytest.mark.parametrize(
+    ("order", "nodes"), [(SPREAD, 4), (BINPACK, 3)], ids=["spread-spans-4", "binpack-spans-3"]
+)
+def test_a_throughput_point_records_the_nodes_the_pods_span(order: NodeOrder, nodes: int) -> None:
+    sim = four_by_eight(order, [make_job("x", queue="research", replicas=24, min_r=1, max_r=24)])
+    run_session(sim)
+    job = sim.jobs[JobKey("ns/x")]
+    sim._measure(job, job.restart_until_s + 1.0)
+    assert (job.points[-1].replicas, job.points[-1].nodes) == (24, nodes)

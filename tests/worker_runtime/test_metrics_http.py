@@ -127,3 +127,4 @@ def test_a_pod_without_pod_name_labels_its_metrics_with_an_empty_pod(tmp_path: P
     with run:
         labels = LABELS | {"pod": ""}
         assert registry.get_sample_value("tide_worker_world_size", labels) == 1
+        assert registry.get_sample_value("tide_worker_nodes", labels) == 1  # one agent
