@@ -75,7 +75,10 @@ def measure(evictees: int, requests: int) -> tuple[dict[str, list[float]], int, 
     raw = json.dumps(body).encode()
     target = evictees // 2
     view = ExtenderView(
-        jobs={JOB: ShrinkingJob(key=JOB, task="worker", target_replicas=target, min_replicas=1)},
+        # The extender withholds every pod at or above the job's minimum: half the evictees.
+        jobs={
+            JOB: ShrinkingJob(key=JOB, task="worker", target_replicas=target, min_replicas=target)
+        },
         leader=True,
         made_s=MADE_S,
     )
@@ -86,7 +89,7 @@ def measure(evictees: int, requests: int) -> tuple[dict[str, list[float]], int, 
         ready=lambda: (True, ""),
         registry=CollectorRegistry(),
         extender=extender,
-        on_withheld=lambda: None,
+        on_withheld=lambda withheld: None,
         now_s=lambda: MADE_S,
     )
     port = server.start("127.0.0.1", 0)
