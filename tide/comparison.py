@@ -222,6 +222,17 @@ def idle_line(summaries: Sequence[Summary]) -> str:
     return f"GPU-hours idle while a job waited to start{median}: {figures}"
 
 
+def kills_line(summaries: Sequence[Summary]) -> str:
+    """Pods Volcano's reclaim killed abruptly under each policy (summed over seeds)."""
+    by_policy = _by_policy(summaries)
+    several = any(len(rows) > 1 for rows in by_policy.values())
+    figures = ", ".join(
+        f"{policy} {sum(r.kills for r in rows)}" for policy, rows in by_policy.items()
+    )
+    over = ", over all seeds" if several else ""
+    return f"pods killed abruptly by Volcano's reclaim{over}: {figures}"
+
+
 def _by_policy(summaries: Sequence[Summary]) -> dict[str, list[Summary]]:
     out: dict[str, list[Summary]] = {}
     for summary in summaries:
@@ -496,6 +507,7 @@ def _print_one(
         ),
     )
     console.print(idle_line(summaries))
+    console.print(kills_line(summaries))
     for line in resize_lines(summaries, resizing=resizing):
         console.print(line)
     if workload.skipped_rows:
@@ -556,6 +568,7 @@ def _print_seeds(
     for line in ratio_lines(summaries, seeds, reference=reference):
         console.print(line)
     console.print(idle_line(summaries))
+    console.print(kills_line(summaries))
     most = max((one.workload for one in seeded), key=lambda w: w.skipped_rows)
     if most.skipped_rows:
         console.print(skipped_line(most))

@@ -58,6 +58,8 @@ def test_simulate_writes_report_and_plots(tmp_path: Path) -> None:
     tide = doc["summaries"][0]
     assert tide["finished"] == tide["jobs"]
     assert f"tide's average is {tide['avg_jct_h'] / bound:.2f} times it" in words
+    kills = ", ".join(f"{s['policy']} {s['kills']}" for s in doc["summaries"])
+    assert f"pods killed abruptly by Volcano's reclaim: {kills}" in words
     assert {p.name for p in out.iterdir()} == {
         "report.json",
         "jobs.csv",
