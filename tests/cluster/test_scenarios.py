@@ -38,9 +38,12 @@ def usl(replicas: int) -> float:
 
 @dataclass
 class ProfileMetrics:
-    """A ``MetricsSource`` whose throughput is a fixed profile measured at 1, 2, 4 and 8
-    replicas an hour ago, and whose free GPUs are those the Volcano client reads from the
-    nodes (what kube-state-metrics would report).
+    """A ``MetricsSource`` whose throughput is a fixed profile measured an hour ago at 1, 2, 4
+    and 8 replicas on one node and at 12, 16, 24 and 32 across 2 to 4 nodes (the sandbox's
+    8-GPU nodes: measured across nodes, so the scaling model predicts cross-node growth without
+    its cap, and at a part-filled node, so its fit has no dip where a node is added), and whose
+    free GPUs are those the Volcano client reads from the nodes (what
+    kube-state-metrics would report).
 
     Attributes:
         cluster: the Volcano client the engine reads the cluster with.
@@ -53,8 +56,10 @@ class ProfileMetrics:
     def sample(self, *, now_s: float) -> MetricsSample:
         """See base class."""
         history = tuple(
-            ThroughputPoint(time_s=now_s - 3600 + i, replicas=n, samples_per_s=usl(n))
-            for i, n in enumerate((1, 2, 4, 8))
+            ThroughputPoint(time_s=now_s - 3600 + i, replicas=n, samples_per_s=usl(n), nodes=k)
+            for i, (n, k) in enumerate(
+                ((1, 1), (2, 1), (4, 1), (8, 1), (12, 2), (16, 2), (24, 3), (32, 4))
+            )
         )
         return MetricsSample(
             fresh=True,

@@ -35,6 +35,7 @@ PLAIN_METRICS = {
     "tide_worker_steps",
     "tide_worker_step_seconds",
     "tide_worker_world_size",
+    "tide_worker_nodes",
     "tide_worker_checkpoint_blocked_seconds",
     "tide_worker_checkpoint_save_seconds",
     "tide_worker_checkpoint_load_seconds",
