@@ -333,22 +333,25 @@ def test_probes_are_answered_while_a_large_body_is_read(served: Served) -> None:
     served.engine.extender.update(make_view(target=500))
     raw = encode(many_evictees(1000))  # 5 MB: a while to read
     done = threading.Event()
-    posted: list[float] = []
+    posted: list[tuple[float, float]] = []
 
     def post() -> None:
         started = time.perf_counter()
         assert served.post_json("/extender/reclaimable", raw)[0] == 200
-        posted.append(time.perf_counter() - started)
+        posted.append((started, time.perf_counter()))
         done.set()
 
     poster = threading.Thread(target=post)
     poster.start()
-    probes_s: list[float] = []
-    while not done.is_set() and len(probes_s) < 1000:
+    probes: list[tuple[float, float]] = []
+    while not done.is_set() and len(probes) < 1000:
         started = time.perf_counter()
         assert served.get("/healthz")[0] == 200
-        probes_s.append(time.perf_counter() - started)
+        probes.append((started, time.perf_counter()))
     poster.join(TIMEOUT_S)
     assert posted, "the large body was not answered"
-    # Each probe waited a small part of the answer, not all of it.
-    assert len(probes_s) >= 3 and max(probes_s) < posted[0] / 2, (probes_s, posted)
+    # Probes were answered while the body was being sent, read and answered (an order of
+    # events, not a duration: the server never held its loop for the whole request).
+    began, ended = posted[0]
+    during = [p for p in probes if p[0] > began and p[1] < ended]
+    assert len(during) >= 3, (probes, posted)
