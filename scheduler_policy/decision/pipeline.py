@@ -38,7 +38,7 @@ from scheduler_policy.decision.messages import (
 from scheduler_policy.decision.placement import GangFit
 from scheduler_policy.decision.reshape import Reshaped, reshape
 from scheduler_policy.decision.stabilize import Stabilized, stabilize
-from scheduler_policy.decision.triage import stale_hold_message, triage
+from scheduler_policy.decision.triage import NOT_MEASURED, stale_hold_message, triage
 from scheduler_policy.models.cache import Fits
 from scheduler_policy.models.curve import JobCurve
 from scheduler_policy.policy.spec import ElasticPolicy
@@ -142,7 +142,7 @@ def decide(observation: Observation, policy: ElasticPolicy, *, fits: Fits) -> Pl
             table,
             settled.stabilized,
             floor=budgets.floor,
-            stale=stale_rows,
+            stale=_stale_measured(table, stale),
             policy=policy,
         )
         if reshaped is not None:
@@ -364,6 +364,15 @@ def _decisions_and_changes(
                     change.message,
                 )
     return decisions, changes
+
+
+def _stale_measured(table: JobTable, stale: Mapping[JobKey, str]) -> BoolArray | None:
+    """Per job, whether its measured throughput is stale: the jobs a gang's shape may not shrink
+    beyond their budget. A job never measured is not among them: it has no stale figure to
+    doubt, only none yet, and freeing whole nodes for a gang asks nothing of its curve (on
+    Volcano's spread order such a job held the gang out until reclaim killed its pods)."""
+    rows = [stale.get(job.key) not in (None, NOT_MEASURED) for job in table.jobs]
+    return np.array(rows, dtype=bool) if any(rows) else None
 
 
 def _hold_stale(

@@ -307,10 +307,18 @@ def test_bad_input_is_refused_naming_it(kwargs, message):
 
 
 def readme_observation(
-    pods=README_SPREAD, *, current=24, min_replicas=1, nodes=None, gangs=None, prod=32.0, **job
+    pods=README_SPREAD,
+    *,
+    current=24,
+    min_replicas=1,
+    nodes=None,
+    gangs=None,
+    prod=32.0,
+    sizes=(8, 16, 24),
+    **job,
 ):
     research = make_job("r", queue="research", current=current, min_replicas=min_replicas,
-                        max_replicas=24, sizes=(8, 16, 24), **job)  # fmt: skip
+                        max_replicas=24, sizes=sizes, **job)  # fmt: skip
     observation = make_observation(
         dataclasses.replace(research, pods=pods),
         queues=(
@@ -357,6 +365,12 @@ DECIDE = {
     "stale-metrics-shrink-only-to-the-budget": (
         readme_observation(stale="throughput of ns/r is 900 s old"),
         (8, Reason.SHRINK_FOR_PENDING_WORK),
+    ),
+    # Never measured: no figure to doubt, only none yet; freeing whole nodes asks nothing of
+    # its curve (on Volcano's spread order this job kept the gang out until reclaim killed it).
+    "never-measured-still-shrinks-for-the-gang": (
+        readme_observation(sizes=()),
+        (1, Reason.SHRINK_FOR_GANG_SHAPE),
     ),
     "rescaled-within-an-interval-does-not-move": (
         readme_observation(last_rescale_s=NOW_S - 10),
