@@ -333,6 +333,7 @@ def annotated_job(job: JobState, annotations: Mapping[str, str], *, source: str)
         restart_cost_s=(
             job.restart_cost_s if overrides.restart_cost_s is None else overrides.restart_cost_s
         ),
+        batch_bounds=overrides.adaptive_batch or job.batch_bounds,
     )
 
 

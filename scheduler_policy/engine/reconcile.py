@@ -85,18 +85,24 @@ def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> 
             )
         )
     stale_jobs = sample.stale_jobs
+    batch_statistics = sample.job_batch_statistics
     jobs = []
     for job in cluster.list_jobs():
         history = sample.job_throughput.get(job.key, job.throughput_history)
         remaining = sample.job_remaining_samples.get(job.key, job.remaining_samples)
+        statistics = batch_statistics.get(job.key) if batch_statistics else None
         stale = stale_jobs.get(job.key) if stale_jobs else None
         for point in history:  # a loop, not any(): a generator per job cost more than the check
             if not math.isfinite(point.samples_per_s):
                 history, found = _finite_points(history)
                 stale = found if stale is None else f"{stale}; {found}"
                 break
-        if history is not job.throughput_history or remaining != job.remaining_samples:
-            job = job.with_metrics(history, remaining)
+        if (
+            history is not job.throughput_history
+            or remaining != job.remaining_samples
+            or statistics is not None
+        ):
+            job = job.with_metrics(history, remaining, statistics)
         if stale != job.stale_reason:
             job = dataclasses.replace(job, stale_reason=stale)
             if stale is not None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from scheduler_policy.policy.fields import parse_duration, show
 from scheduler_policy.vocabulary.errors import PolicyError
+from scheduler_policy.vocabulary.state import BatchBounds
 
 PREFIX = "tide.io/"
 ELASTIC = "tide.io/elastic"
@@ -67,25 +68,6 @@ _COUNT = re.compile(r"\d+")
 
 
 @dataclass(frozen=True, slots=True)
-class AdaptiveBatch:
-    """The bounds of a job that lets tide choose its batch (``tide.io/adaptive-batch: "true"``).
-
-    Attributes:
-        initial_batch_size: global batch the learning rate was tuned for, and the smallest.
-        max_batch_size: largest global batch.
-        local_batch_min: smallest micro batch of one worker.
-        local_batch_max: largest micro batch of one worker.
-        accumulation: whether a step may take several micro batches per worker.
-    """
-
-    initial_batch_size: int
-    max_batch_size: int
-    local_batch_min: int = 1
-    local_batch_max: int = 1
-    accumulation: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class JobOverrides:
     """What a job's annotations say; None where the job says nothing and the policy decides.
 
@@ -103,7 +85,7 @@ class JobOverrides:
     min_replicas: int | None = None
     max_replicas: int | None = None
     restart_cost_s: float | None = None
-    adaptive_batch: AdaptiveBatch | None = None
+    adaptive_batch: BatchBounds | None = None
 
 
 def annotation_path(key: str) -> str:
@@ -141,7 +123,7 @@ def _positive(annotations: Mapping[str, str], key: str, problems: list[str]) -> 
     return count
 
 
-def _adaptive_batch(annotations: Mapping[str, str], problems: list[str]) -> AdaptiveBatch | None:
+def _adaptive_batch(annotations: Mapping[str, str], problems: list[str]) -> BatchBounds | None:
     """The adaptive-batch bounds, checked as the worker checks them (``worker_runtime.env``)."""
     enabled = _flag(annotations, ADAPTIVE_BATCH, problems)
     bounds = [k for k in ADAPTIVE_KEYS[1:] if k in annotations]
@@ -184,7 +166,7 @@ def _adaptive_batch(annotations: Mapping[str, str], problems: list[str]) -> Adap
         )
     if len(problems) > before:
         return None
-    return AdaptiveBatch(
+    return BatchBounds(
         initial_batch_size=initial,
         max_batch_size=largest,
         local_batch_min=low,

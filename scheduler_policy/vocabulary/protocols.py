@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from scheduler_policy.vocabulary.state import (
+    BatchStatistics,
     DemandPoint,
     Explanation,
     JobKey,
@@ -40,6 +41,7 @@ class MetricsSample:
         queue_allocated_gpus: GPUs each queue's pods hold (overrides the cluster's figure).
         queue_demand_history: past GPU demand of each queue's non-elastic work, oldest first.
         releasing_gpus: GPUs held by terminating pods, which come free shortly.
+        job_batch_statistics: what each adaptive-batch job's workers report.
     """
 
     fresh: bool
@@ -50,6 +52,7 @@ class MetricsSample:
     queue_allocated_gpus: Mapping[QueueName, float] = field(default_factory=dict)
     queue_demand_history: Mapping[QueueName, tuple[DemandPoint, ...]] = field(default_factory=dict)
     releasing_gpus: float = 0.0
+    job_batch_statistics: Mapping[JobKey, BatchStatistics] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

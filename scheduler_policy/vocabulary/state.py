@@ -54,6 +54,76 @@ class ThroughputPoint:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchBounds:
+    """The bounds of a job that lets tide choose its batch (``tide.io/adaptive-batch: "true"``).
+
+    Attributes:
+        initial_batch_size: global batch the learning rate was tuned for, and the smallest.
+        max_batch_size: largest global batch.
+        local_batch_min: smallest micro batch of one worker.
+        local_batch_max: largest micro batch of one worker.
+        accumulation: whether a step may take several micro batches per worker.
+    """
+
+    initial_batch_size: int
+    max_batch_size: int
+    local_batch_min: int = 1
+    local_batch_max: int = 1
+    accumulation: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimes:
+    """An adaptive-batch job's measured step at one shape (the worker's ``AdaptiveMetrics``).
+
+    Means over the metrics source's window of ``tide_worker_optim_step_seconds``,
+    ``tide_worker_accumulation_step_seconds`` and ``tide_worker_sync_seconds`` at one
+    ``(nodes, replicas, local_batch)``.
+
+    Attributes:
+        nodes: nodes (pods) the workers spanned.
+        replicas: workers.
+        local_batch_size: samples per micro batch of one worker.
+        optim_step_s: a step's synchronising micro batch and optimizer update.
+        accumulation_step_s: one accumulation micro batch (no all-reduce); None when the job
+            took no accumulation steps at this shape.
+        sync_s: the step's gradient all-reduce; None when not measured.
+    """
+
+    nodes: int
+    replicas: int
+    local_batch_size: int
+    optim_step_s: float
+    accumulation_step_s: float | None = None
+    sync_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStatistics:
+    """What an adaptive-batch job's workers report of their training (exported apart, never
+    multiplied: the engine fits throughput and efficiency each on its own).
+
+    Attributes:
+        batch_size: the current global batch (samples per optimizer step).
+        grad_sqr: smoothed squared norm of the true gradient; None before the first estimate.
+        grad_var: smoothed gradient variance at the initial batch; None before the first
+            estimate.
+        progress: scale-invariant iterations done (steps at the initial batch the run's steps
+            are worth); None when not reported.
+        planned_progress: scale-invariant iterations of the whole run; None when the job
+            declares no plan.
+        step_times: measured steps, one per shape the job ran at recently.
+    """
+
+    batch_size: int
+    grad_sqr: float | None = None
+    grad_var: float | None = None
+    progress: float | None = None
+    planned_progress: float | None = None
+    step_times: tuple[StepTimes, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class DemandPoint:
     """GPUs a queue's non-elastic work requested (running plus pending) at one time."""
 
@@ -193,6 +263,11 @@ class JobState:
         requested_replicas: the replicas the job's owner asked for (the scaling task's
             replicas as submitted, before tide changed them); the size a job that has run long
             is owed before others grow (``Defaults.starvation_bound_s``). None when unknown.
+        batch_bounds: the bounds within which the job's workers choose their batch, when the
+            job opts in to adaptive batch (``tide.io/adaptive-batch``); None when it keeps its
+            submitted batch.
+        batch_statistics: what the adaptive-batch workers report (gradient statistics, step
+            times, progress), from the metrics source; None when nothing is reported.
     """
 
     key: JobKey
@@ -216,11 +291,17 @@ class JobState:
     pods: tuple[PodPlacement, ...] = ()
     running_since_s: float | None = None
     requested_replicas: int | None = None
+    batch_bounds: BatchBounds | None = None
+    batch_statistics: BatchStatistics | None = None
 
     def with_metrics(
-        self, history: tuple[ThroughputPoint, ...], remaining_samples: float | None
+        self,
+        history: tuple[ThroughputPoint, ...],
+        remaining_samples: float | None,
+        batch_statistics: BatchStatistics | None = None,
     ) -> JobState:
-        """The same job with the metrics source's throughput history and remaining samples.
+        """The same job with the metrics source's throughput history, remaining samples and
+        batch statistics (``batch_statistics`` None keeps the job's own).
 
         The constructor called directly, not ``dataclasses.replace``: ``observe`` calls this for
         every job, and at 10,000 jobs ``replace`` (which inspects the fields at every call) made
@@ -250,6 +331,10 @@ class JobState:
             scheduled_replicas=self.scheduled_replicas,
             stale_reason=self.stale_reason,
             pods=self.pods,
+            batch_bounds=self.batch_bounds,
+            batch_statistics=(
+                self.batch_statistics if batch_statistics is None else batch_statistics
+            ),
         )
 
     @property

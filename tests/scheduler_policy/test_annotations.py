@@ -6,11 +6,11 @@ import pytest
 
 from scheduler_policy.policy.annotations import (
     ADAPTIVE_ENV,
-    AdaptiveBatch,
     JobOverrides,
     job_overrides,
 )
 from scheduler_policy.vocabulary.errors import PolicyError
+from scheduler_policy.vocabulary.state import BatchBounds
 
 
 @pytest.mark.parametrize(
@@ -128,16 +128,16 @@ ADAPTIVE = {
 @pytest.mark.parametrize(
     ("annotations", "expected"),
     [
-        (ADAPTIVE, AdaptiveBatch(256, 4096, 1, 128, False)),
+        (ADAPTIVE, BatchBounds(256, 4096, 1, 128, False)),
         (ADAPTIVE | {"tide.io/local-batch-min": "32", "tide.io/accumulation": "true"},
-         AdaptiveBatch(256, 4096, 32, 128, True)),
+         BatchBounds(256, 4096, 32, 128, True)),
         ({"tide.io/adaptive-batch": "false"}, None),
         ({}, None),
     ],
     ids=["required-only", "all-set", "opted-out", "absent"],
 )  # fmt: skip
 def test_adaptive_batch_annotations_read(
-    annotations: dict[str, str], expected: AdaptiveBatch | None
+    annotations: dict[str, str], expected: BatchBounds | None
 ) -> None:
     assert job_overrides(annotations, source="ml/bert").adaptive_batch == expected
 

@@ -350,10 +350,13 @@ def test_joining_metrics_keeps_every_other_field_of_the_job():
     # JobState.with_metrics lists the fields by hand (dataclasses.replace made observe half as
     # slow again at 10,000 jobs): a field added to JobState and not to it would be dropped.
     from scheduler_policy.vocabulary.state import (
+        BatchBounds,
+        BatchStatistics,
         JobState,
         PodPlacement,
         QueueName,
         Recommendation,
+        StepTimes,
     )
 
     values = {
@@ -378,6 +381,10 @@ def test_joining_metrics_keeps_every_other_field_of_the_job():
         "pods": (PodPlacement(0, "node-a", 2.0),),
         "running_since_s": NOW_S - 3600,
         "requested_replicas": 6,
+        "batch_bounds": BatchBounds(64, 1024, 8, 128, True),
+        "batch_statistics": BatchStatistics(
+            batch_size=128, grad_sqr=1.0, step_times=(StepTimes(1, 2, 64, 0.3),)
+        ),
     }
     assert set(values) == {f.name for f in dataclasses.fields(JobState)}
     job = JobState(**values)
@@ -388,6 +395,8 @@ def test_joining_metrics_keeps_every_other_field_of_the_job():
     for name, value in values.items():
         if name not in ("throughput_history", "remaining_samples"):
             assert getattr(JobState(**values).with_metrics((), None), name) == value
+    statistics = BatchStatistics(batch_size=512)
+    assert job.with_metrics(history, 3.0, statistics).batch_statistics == statistics
 
 
 def test_non_finite_queue_figures_hold_every_job():
@@ -427,3 +436,22 @@ def test_releasing_gpus_come_from_where_the_free_gpus_come_from(nodes, expected)
     cluster.terminating_gpus, cluster.api_releasing_gpus = 5.0, 3.0
     observation = observe(metrics=cluster, cluster=cluster, now_s=NOW_S)
     assert observation.releasing_gpus == expected
+
+
+def test_observe_joins_each_adaptive_jobs_batch_statistics_and_keeps_the_others():
+    from scheduler_policy.vocabulary.state import BatchStatistics, StepTimes
+
+    statistics = BatchStatistics(
+        batch_size=256, grad_sqr=0.5, grad_var=2.0, step_times=(StepTimes(1, 2, 64, 0.3),)
+    )
+    cluster = FakeCluster(make_observation(make_job("a"), make_job("b")))
+    real_sample = cluster.sample
+
+    def sample(*, now_s):
+        return dataclasses.replace(
+            real_sample(now_s=now_s), job_batch_statistics={JobKey("ns/a"): statistics}
+        )
+
+    cluster.sample = sample  # type: ignore[method-assign]
+    observation = observe(metrics=cluster, cluster=cluster, now_s=NOW_S)
+    assert [j.batch_statistics for j in observation.jobs] == [statistics, None]
