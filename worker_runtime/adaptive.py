@@ -43,6 +43,7 @@ from torch.autograd import Variable
 
 from worker_runtime import collectives
 from worker_runtime.adascale import OptimizerKind, gain, lr_factor
+from worker_runtime.batching import BatchPlan
 from worker_runtime.env import AdaptiveBatchSettings
 from worker_runtime.errors import ConfigError
 from worker_runtime.goodput import (
@@ -54,6 +55,7 @@ from worker_runtime.goodput import (
     first_choice,
 )
 from worker_runtime.gradient_stats import SmoothedStats, estimate
+from worker_runtime.sampler import ElasticBatchSampler
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +93,26 @@ def optimizer_kind(optimizer: torch.optim.Optimizer) -> OptimizerKind:
     raise ConfigError(
         f"optimizer: adaptive batch supports SGD and Adam-like optimizers, got "
         f"{type(optimizer).__name__}"
+    )
+
+
+def plan_of(choice: BatchChoice, *, world_size: int) -> BatchPlan:
+    """The batch plan of a choice: an adaptive batch always splits evenly.
+
+    Args:
+        choice: The chosen batch.
+        world_size: Workers.
+
+    Returns:
+        The plan ``global = world_size x local x accumulation``; its learning-rate scale is 1,
+        since AdaScale sets the rate.
+    """
+    return BatchPlan(
+        world_size=world_size,
+        micro_batch_size=choice.local_batch_size,
+        accumulation_steps=choice.accumulation_steps,
+        global_batch_size=choice.global_batch_size,
+        lr_scale=1.0,
     )
 
 
@@ -304,6 +326,38 @@ class AdaptiveBatch:
     def due(self, step: int) -> bool:
         """Whether the batch is chosen again after step ``step``."""
         return step % self.rechoose_every_steps == 0
+
+    def check_loader(self, loader: object) -> None:
+        """Refuse a data loader whose micro batch cannot follow the choice.
+
+        Args:
+            loader: The loader the script iterates.
+
+        Raises:
+            ConfigError: When its batch sampler is not the run's ``ElasticBatchSampler``.
+        """
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        if batch_sampler is not None and not isinstance(batch_sampler, ElasticBatchSampler):
+            raise ConfigError(
+                "steps(): with the adaptive batch the micro batch may change; build the "
+                "DataLoader with batch_sampler=run.make_batch_sampler(dataset)"
+            )
+
+    def after_step(self, step: int) -> BatchChoice | None:
+        """The batch to change to after step ``step``, if it is due to be chosen and changes.
+
+        Every rank must call it after every step (a due choice is a collective, :meth:`rechoose`).
+
+        Args:
+            step: Steps done.
+
+        Returns:
+            The new batch, or ``None`` to go on with the current one.
+        """
+        if not self.due(step):
+            return None
+        before = self.choice
+        return None if self.rechoose() == before else self.choice
 
     def rechoose(self) -> BatchChoice:
         """Choose the batch on rank 0 from its measurements; every rank takes that choice.

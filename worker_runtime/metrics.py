@@ -18,9 +18,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from worker_runtime.adascale import efficiency
+
+if TYPE_CHECKING:  # the adaptive state holds torch objects; only its numbers are read here
+    from worker_runtime.adaptive import AdaptiveBatch, StepTimes
 
 logger = logging.getLogger(__name__)
 
@@ -269,32 +275,47 @@ class AdaptiveMetrics:
             "absent when the script declares no epochs or dataset.",
         )
 
-    def observe_times(
-        self,
-        *,
-        nodes: int,
-        replicas: int,
-        local_batch: int,
-        optim_step_s: float,
-        accumulation_s: tuple[float, ...],
-        sync_s: float | None,
-    ) -> None:
-        """Record one step's times at its shape.
+    def observe_step(self, adaptive: AdaptiveBatch, times: StepTimes) -> None:
+        """Record one step's times at the shape it ran at.
 
         Args:
-            nodes: Pods of the job.
-            replicas: Workers.
-            local_batch: Samples per micro batch.
-            optim_step_s: The step's synchronising micro batch and update.
-            accumulation_s: Each accumulation micro batch.
-            sync_s: The all-reduce, ``None`` when not measured.
+            adaptive: The worker's adaptive state: its nodes, workers and micro batch are the
+                shape.
+            times: The step's times (the all-reduce only when measured).
         """
-        shape = {"nodes": str(nodes), "replicas": str(replicas), "local_batch": str(local_batch)}
-        self.optim_step_seconds.labels(**self._labels, **shape).observe(optim_step_s)
-        for seconds in accumulation_s:
+        shape = {
+            "nodes": str(adaptive.nodes),
+            "replicas": str(adaptive.world_size),
+            "local_batch": str(adaptive.choice.local_batch_size),
+        }
+        self.optim_step_seconds.labels(**self._labels, **shape).observe(times.optim_step_s)
+        for seconds in times.accumulation_s:
             self.accumulation_step_seconds.labels(**self._labels, **shape).observe(seconds)
-        if sync_s is not None:
-            self.sync_seconds.labels(**self._labels, **shape).observe(sync_s)
+        if times.sync_s is not None:
+            self.sync_seconds.labels(**self._labels, **shape).observe(times.sync_s)
+
+    def export(self, adaptive: AdaptiveBatch) -> None:
+        """Export the bounds, the batch in use, the progress and the gradient statistics.
+
+        Args:
+            adaptive: The worker's adaptive state (its statistics are left unexported until a
+                step has been averaged).
+        """
+        settings, choice, stats = adaptive.settings, adaptive.choice, adaptive.stats
+        self.initial_batch_size.set(settings.initial_batch_size)
+        self.max_batch_size.set(settings.max_batch_size)
+        self.local_batch_min.set(settings.local_batch_min)
+        self.local_batch_max.set(settings.local_batch_max)
+        self.batch_size.set(choice.global_batch_size)
+        self.local_batch_size.set(choice.local_batch_size)
+        self.accumulation_steps.set(choice.accumulation_steps)
+        self.progress.set(adaptive.progress)
+        if stats.ready:
+            self.grad_sqr.set(stats.grad_sqr)
+            self.grad_var.set(stats.grad_var)
+            self.efficiency.set(
+                efficiency(grad_sqr=stats.grad_sqr, grad_var=stats.grad_var, scale=adaptive.scale)
+            )
 
     def set_planned_progress(self, iterations: float) -> None:
         """Export the scale-invariant iterations of the whole run.

@@ -16,8 +16,7 @@ import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
 from worker_runtime import collectives
-from worker_runtime.adaptive import AdaptiveBatch
-from worker_runtime.adascale import efficiency
+from worker_runtime.adaptive import AdaptiveBatch, plan_of
 from worker_runtime.batching import BatchPlan, ScalingMode, plan_batch
 from worker_runtime.checkpoint import AsyncCheckpointer, SaveResult
 from worker_runtime.device import Placement, resolve_placement
@@ -162,7 +161,7 @@ class ElasticRun:
                 lr_schedule=lr_schedule,
                 rechoose_every_steps=rechoose_every_steps,
             )
-            self.plan = _plan_of(self.adaptive.choice, world_size=self.env.world_size)
+            self.plan = plan_of(self.adaptive.choice, world_size=self.env.world_size)
         self.checkpoint_every_steps = checkpoint_every_steps
         self.checkpoint_every_s = checkpoint_every_s
         self.seed = seed
@@ -391,20 +390,36 @@ class ElasticRun:
         """
         if self._sampler is None:
             raise ConfigError("steps(): call make_sampler() and use its sampler in the loader")
-        if self.adaptive is not None:
-            yield from self._adaptive_steps(loader, self.adaptive)
-            return
-        steps_left = self._steps_left()
-        # DataLoader.__iter__ draws a seed from the global generator. Drawing it in a fork keeps
-        # the generator's stream the same whether the epoch starts fresh or mid-way on resume.
-        with torch.random.fork_rng(devices=[]):
-            batches_iter = iter(loader)
-        accumulation_steps = self.accumulation_steps
-        for _ in range(steps_left):
-            started_s = time.perf_counter()
-            batches = [next(batches_iter) for _ in range(accumulation_steps)]
-            yield batches
-            self._end_step(started_s)
+        adaptive = self.adaptive
+        if adaptive is not None:
+            # The batch is chosen at the start of the pass and every rechoose_every_steps steps.
+            adaptive.check_loader(loader)
+            self._apply_choice(adaptive.rechoose())
+        while True:
+            steps_left = self._steps_left()
+            if steps_left == 0:
+                return
+            # DataLoader.__iter__ draws a seed from the global generator. Drawing it in a fork
+            # keeps the generator's stream the same whether the epoch starts fresh or mid-way on
+            # resume.
+            with torch.random.fork_rng(devices=[]):
+                batches_iter = iter(loader)
+            accumulation_steps = self.accumulation_steps
+            for _ in range(steps_left):
+                started_s = time.perf_counter()
+                if adaptive is not None:
+                    adaptive.begin_step(loss_scale=self.loss_scale)
+                batches = [next(batches_iter) for _ in range(accumulation_steps)]
+                yield batches
+                self._end_step(started_s)
+                choice = None if adaptive is None else adaptive.after_step(self.step)
+                if choice is not None:
+                    # A new batch ends the loader's pass; the next pass draws micro batches of
+                    # the new size from the same position (in samples).
+                    self._apply_choice(choice)
+                    break
+            else:
+                return
 
     def sync_gradients(
         self, model: torch.nn.Module, *, last: bool
@@ -484,42 +499,8 @@ class ElasticRun:
         pod_ranks = range(first, min(first + self.env.local_world_size, self.env.world_size))
         return sum(self.plan.samples_of(r) for r in pod_ranks)
 
-    def _adaptive_steps(self, loader: Iterable[T], adaptive: AdaptiveBatch) -> Iterator[list[T]]:
-        # steps() of a job that opts in: the batch is chosen at the start of the pass and every
-        # rechoose_every_steps steps; a change ends the loader's pass, and the next one draws
-        # micro batches of the new size from the same position (in samples).
-        batch_sampler = getattr(loader, "batch_sampler", None)
-        if batch_sampler is not None and not isinstance(batch_sampler, ElasticBatchSampler):
-            raise ConfigError(
-                "steps(): with the adaptive batch the micro batch may change; build the "
-                "DataLoader with batch_sampler=run.make_batch_sampler(dataset)"
-            )
-        self._apply_choice(adaptive.rechoose())
-        while True:
-            steps_left = self._steps_left()
-            if steps_left == 0:
-                return
-            with torch.random.fork_rng(devices=[]):
-                batches_iter = iter(loader)
-            accumulation_steps = self.accumulation_steps
-            changed = False
-            for _ in range(steps_left):
-                started_s = time.perf_counter()
-                adaptive.begin_step(loss_scale=self.loss_scale)
-                batches = [next(batches_iter) for _ in range(accumulation_steps)]
-                yield batches
-                self._end_step(started_s)
-                if adaptive.due(self.position.step):
-                    before = adaptive.choice
-                    if adaptive.rechoose() != before:
-                        self._apply_choice(adaptive.choice)
-                        changed = True
-                        break
-            if not changed:
-                return
-
     def _apply_choice(self, choice: BatchChoice) -> None:
-        plan = _plan_of(choice, world_size=self.env.world_size)
+        plan = plan_of(choice, world_size=self.env.world_size)
         if plan != self.plan:
             self.plan = plan
             self._pod_samples_per_step = self._pod_samples()
@@ -532,25 +513,8 @@ class ElasticRun:
         self._export_adaptive()
 
     def _export_adaptive(self) -> None:
-        adaptive, metrics = self.adaptive, self.adaptive_metrics
-        if adaptive is None or metrics is None:
-            return
-        settings = adaptive.settings
-        metrics.initial_batch_size.set(settings.initial_batch_size)
-        metrics.max_batch_size.set(settings.max_batch_size)
-        metrics.local_batch_min.set(settings.local_batch_min)
-        metrics.local_batch_max.set(settings.local_batch_max)
-        metrics.batch_size.set(self.plan.global_batch_size)
-        metrics.local_batch_size.set(self.plan.micro_batch_size)
-        metrics.accumulation_steps.set(self.plan.accumulation_steps)
-        metrics.progress.set(adaptive.progress)
-        stats = adaptive.stats
-        if stats.ready:
-            metrics.grad_sqr.set(stats.grad_sqr)
-            metrics.grad_var.set(stats.grad_var)
-            metrics.efficiency.set(
-                efficiency(grad_sqr=stats.grad_sqr, grad_var=stats.grad_var, scale=adaptive.scale)
-            )
+        if self.adaptive is not None and self.adaptive_metrics is not None:
+            self.adaptive_metrics.export(self.adaptive)
 
     def _steps_left(self) -> int:
         assert self._sampler is not None
@@ -589,14 +553,7 @@ class ElasticRun:
         self.metrics.step_seconds.observe(ended_s - started_s)
         if self.adaptive is not None and self.adaptive_metrics is not None:
             times = self.adaptive.end_step(started_s=started_s, ended_s=ended_s)
-            self.adaptive_metrics.observe_times(
-                nodes=self.adaptive.nodes,
-                replicas=self.env.world_size,
-                local_batch=self.plan.micro_batch_size,
-                optim_step_s=times.optim_step_s,
-                accumulation_s=times.accumulation_s,
-                sync_s=times.sync_s,
-            )
+            self.adaptive_metrics.observe_step(self.adaptive, times)
             self._export_adaptive()
         if self.env.rank == 0:
             write_progress(self.directory, self.position)
@@ -630,14 +587,3 @@ class ElasticRun:
     def _on_commit(self, manifest: CheckpointManifest, write_s: float) -> None:
         del manifest
         self.metrics.checkpoint_save_seconds.observe(write_s)
-
-
-def _plan_of(choice: BatchChoice, *, world_size: int) -> BatchPlan:
-    # An adaptive batch always splits evenly: global = world_size x local x accumulation.
-    return BatchPlan(
-        world_size=world_size,
-        micro_batch_size=choice.local_batch_size,
-        accumulation_steps=choice.accumulation_steps,
-        global_batch_size=choice.global_batch_size,
-        lr_scale=1.0,
-    )
