@@ -72,6 +72,8 @@ _ADAM_LIKE = (
 
 LrSchedule = Callable[[float], float]
 """Factor on the base learning rate as a function of progress (scale-invariant iterations)."""
+Clock = Callable[[], float]
+"""Seconds on a monotonic clock (``time.perf_counter``), what step and sync times are taken with."""
 
 
 def optimizer_kind(optimizer: torch.optim.Optimizer) -> OptimizerKind:
@@ -129,9 +131,14 @@ def reset_adam_state(optimizer: torch.optim.Optimizer) -> None:
 
 
 class SyncTimer:
-    """Times each step's gradient all-reduce: first bucket sent to last bucket reduced."""
+    """Times each step's gradient all-reduce: first bucket sent to last bucket reduced.
 
-    def __init__(self) -> None:
+    Args:
+        clock: The clock read at the first bucket sent and at each bucket reduced.
+    """
+
+    def __init__(self, *, clock: Clock = time.perf_counter) -> None:
+        self.clock = clock
         self.started_s: float | None = None
         self.ended_s: float | None = None
 
@@ -157,14 +164,14 @@ def timed_allreduce_hook(timer: SyncTimer, bucket: Any) -> torch.futures.Future[
     Returns:
         The future of the averaged bucket.
     """
-    now = time.perf_counter()
+    now = timer.clock()
     if timer.started_s is None:
         timer.started_s = now
     tensor = bucket.buffer().div_(dist.get_world_size())
     future = dist.all_reduce(tensor, async_op=True).get_future()
 
     def done(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-        timer.ended_s = time.perf_counter()
+        timer.ended_s = timer.clock()
         reduced: torch.Tensor = fut.value()[0]
         return reduced
 
@@ -185,6 +192,8 @@ class AdaptiveBatch:
         lr_schedule: Factor on the base rates as a function of progress; constant 1 when
             ``None``.
         rechoose_every_steps: Steps between two choices of the batch.
+        clock: What the micro batches' and the all-reduce's ends are timed with; the run
+            passes its own, the clock of the step's start and end.
 
     Raises:
         ConfigError: For an unsupported optimizer, or when no batch within the bounds splits
@@ -201,6 +210,7 @@ class AdaptiveBatch:
         rank: int,
         lr_schedule: LrSchedule | None = None,
         rechoose_every_steps: int = 50,
+        clock: Clock = time.perf_counter,
     ) -> None:
         if rechoose_every_steps < 1:
             raise ConfigError(f"rechoose_every_steps: must be >= 1, got {rechoose_every_steps}")
@@ -220,7 +230,8 @@ class AdaptiveBatch:
         self.measured: dict[str, list[list[float]]] = {}
         self.last_gain = 1.0
         self.last_lr_factor = 1.0
-        self.sync_timer = SyncTimer()
+        self.clock = clock
+        self.sync_timer = SyncTimer(clock=clock)
         self.options = self._options()
         self.choice = first_choice(self.options, initial_batch_size=settings.initial_batch_size)
         self._hooked_ddp: set[int] = set()
@@ -299,8 +310,8 @@ class AdaptiveBatch:
         """Count the step: progress, measured times.
 
         Args:
-            started_s: ``perf_counter`` at the step's start.
-            ended_s: ``perf_counter`` at its end.
+            started_s: The clock at the step's start.
+            ended_s: The clock at its end.
 
         Returns:
             The step's times.
@@ -447,7 +458,7 @@ class AdaptiveBatch:
         # not have run yet, so the statistics are read in a callback queued behind it.
         self._callback_queued = False
         self._backwards += 1
-        self._backward_ends_s.append(time.perf_counter())
+        self._backward_ends_s.append(self.clock())
         if self._backwards == self.choice.accumulation_steps:
             Variable._execution_engine.queue_callback(self._after_sync)
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from prometheus_client import CollectorRegistry
 
 from worker_runtime import collectives
-from worker_runtime.adaptive import AdaptiveBatch, plan_of
+from worker_runtime.adaptive import AdaptiveBatch, Clock, plan_of
 from worker_runtime.batching import BatchPlan, ScalingMode, plan_batch
 from worker_runtime.checkpoint import AsyncCheckpointer, SaveResult
 from worker_runtime.device import Placement, resolve_placement
@@ -99,6 +99,8 @@ class ElasticRun:
             when ``None``.
         rechoose_every_steps: Adaptive batch only: steps between two choices of the batch
             (it is also chosen at the start of every pass over the data).
+        clock: What step times (and the adaptive batch's micro-batch and all-reduce times, from
+            which it chooses the batch) are measured with; ``time.perf_counter`` by default.
 
     Raises:
         ConfigError: When a setting or environment variable is invalid, or ``backend="nccl"``
@@ -130,6 +132,7 @@ class ElasticRun:
         backend: str = "auto",
         lr_schedule: Callable[[float], float] | None = None,
         rechoose_every_steps: int = 50,
+        clock: Clock = time.perf_counter,
     ) -> None:
         if checkpoint_every_steps is not None and checkpoint_every_steps < 1:
             raise ConfigError(f"checkpoint_every_steps: must be >= 1, got {checkpoint_every_steps}")
@@ -160,6 +163,7 @@ class ElasticRun:
                 rank=self.env.rank,
                 lr_schedule=lr_schedule,
                 rechoose_every_steps=rechoose_every_steps,
+                clock=clock,
             )
             self.plan = plan_of(self.adaptive.choice, world_size=self.env.world_size)
         self.checkpoint_every_steps = checkpoint_every_steps
@@ -187,6 +191,7 @@ class ElasticRun:
         self.checkpointer = AsyncCheckpointer(self.store, on_commit=self._on_commit)
         self.placement: Placement = resolve_placement(backend, local_rank=self.env.local_rank)
         self._metrics_addr = metrics_addr
+        self._clock = clock
         self._start_step = 0
         self._pod_samples_per_step = self._pod_samples()
         self._write_overlap_steps = 0
@@ -406,7 +411,7 @@ class ElasticRun:
                 batches_iter = iter(loader)
             accumulation_steps = self.accumulation_steps
             for _ in range(steps_left):
-                started_s = time.perf_counter()
+                started_s = self._clock()
                 if adaptive is not None:
                     adaptive.begin_step(loss_scale=self.loss_scale)
                 batches = [next(batches_iter) for _ in range(accumulation_steps)]
@@ -549,7 +554,7 @@ class ElasticRun:
         self.metrics.steps.inc()
         self.metrics.consumed_samples.set(self.position.samples_total)
         self.metrics.samples.inc(self._pod_samples_per_step)
-        ended_s = time.perf_counter()
+        ended_s = self._clock()
         self.metrics.step_seconds.observe(ended_s - started_s)
         if self.adaptive is not None and self.adaptive_metrics is not None:
             times = self.adaptive.end_step(started_s=started_s, ended_s=ended_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import signal
@@ -74,6 +75,28 @@ def noisy_data() -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+class ComputeClock:
+    """The clock the adaptive tests measure step times with: it moves only when the training loop
+    says a micro batch was computed, by ``FIXED_S + PER_SAMPLE_S x samples``.
+
+    The measured times, and so the batch the run chooses from them, are then the same on every
+    machine at any load; with the real clock a test that needs the batch to change failed when
+    the load made the step times noisy.
+    """
+
+    FIXED_S = 0.01  # launching a micro batch: larger ones pay it less often per sample
+    PER_SAMPLE_S = 0.0002
+
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def compute(self, samples: int) -> None:
+        self.now_s += self.FIXED_S + self.PER_SAMPLE_S * samples
+
+
 def families(registry: CollectorRegistry) -> set[str]:
     return {m.name for m in registry.collect()}
 
@@ -91,6 +114,7 @@ def train(
     before_step: StepHook | None = None,
     sigterm_at_step: int | None = None,
     epochs_of_steps: list[int] | None = None,
+    clock: ComputeClock | None = None,
 ) -> list[list[int]]:
     """Train; returns the indices of every step (and their epochs in ``epochs_of_steps``)."""
     x, y = noisy_data()
@@ -100,6 +124,8 @@ def train(
             seen: list[int] = []
             for idx in batches:
                 seen += idx.tolist()
+                if clock is not None:
+                    clock.compute(len(idx))
                 loss = torch.nn.functional.mse_loss(model(x[idx]), y[idx]) * run.loss_scale
                 loss.backward()
             if before_step is not None:
@@ -185,7 +211,10 @@ def adaptive_loader(run: ElasticRun) -> DataLoader[Any]:
 
 
 def test_adaptive_sgd_lr_follows_adascale_and_every_sample_is_seen_once(tmp_path: Path) -> None:
-    run, model, optimizer, registry = make(tmp_path, ADAPTIVE_ENV, rechoose_every_steps=5)
+    clock = ComputeClock()
+    run, model, optimizer, registry = make(
+        tmp_path, ADAPTIVE_ENV, rechoose_every_steps=5, clock=clock
+    )
     records: list[tuple[float, float, float, float, float]] = []
 
     def record(r: ElasticRun, o: torch.optim.Optimizer) -> None:
@@ -205,6 +234,7 @@ def test_adaptive_sgd_lr_follows_adascale_and_every_sample_is_seen_once(tmp_path
             loader=adaptive_loader(run),
             before_step=record,
             epochs_of_steps=epochs,
+            clock=clock,
         )
     batches = [len(s) for s in steps]
     assert len(set(batches)) > 1, batches  # the batch changed without a restart
@@ -232,14 +262,17 @@ def test_adaptive_sgd_lr_follows_adascale_and_every_sample_is_seen_once(tmp_path
     assert value("tide_worker_local_batch_max", LABELS) == 32
     shape = LABELS | {"nodes": "1", "replicas": "1", "local_batch": "4"}
     assert value("tide_worker_optim_step_seconds_count", shape)
+    # Every step was timed with the injected clock, which moved only inside steps.
+    assert value("tide_worker_step_seconds_sum", LABELS) == pytest.approx(clock.now_s)
 
 
 def test_the_lr_schedule_is_keyed_on_progress(tmp_path: Path) -> None:
     def halve_after_20(progress: float) -> float:
         return 0.5 if progress >= 20 else 1.0
 
+    clock = ComputeClock()
     run, model, optimizer, _ = make(
-        tmp_path, ADAPTIVE_ENV, rechoose_every_steps=5, lr_schedule=halve_after_20
+        tmp_path, ADAPTIVE_ENV, rechoose_every_steps=5, lr_schedule=halve_after_20, clock=clock
     )
     records: list[tuple[float, float, float]] = []
 
@@ -248,14 +281,25 @@ def test_the_lr_schedule_is_keyed_on_progress(tmp_path: Path) -> None:
         records.append((o.param_groups[0]["lr"], r.adaptive.progress, r.adaptive.last_gain))
 
     with run:
-        train(run, model, optimizer, epochs=1, loader=adaptive_loader(run), before_step=record)
+        train(
+            run,
+            model,
+            optimizer,
+            epochs=1,
+            loader=adaptive_loader(run),
+            before_step=record,
+            clock=clock,
+        )
     assert any(p >= 20 for _, p, _ in records) and any(p < 20 for _, p, _ in records)
     for lr, progress, g in records:
         assert lr == pytest.approx(0.01 * g * halve_after_20(progress))
 
 
 def test_adaptive_adam_lr_is_the_root_of_the_scale_and_its_state_restarts(tmp_path: Path) -> None:
-    run, model, optimizer, _ = make(tmp_path, ADAPTIVE_ENV, adam=True, rechoose_every_steps=5)
+    clock = ComputeClock()
+    run, model, optimizer, _ = make(
+        tmp_path, ADAPTIVE_ENV, adam=True, rechoose_every_steps=5, clock=clock
+    )
     records: list[tuple[float, float, int]] = []
 
     def record(r: ElasticRun, o: torch.optim.Optimizer) -> None:
@@ -264,9 +308,19 @@ def test_adaptive_adam_lr_is_the_root_of_the_scale_and_its_state_restarts(tmp_pa
         records.append((o.param_groups[0]["lr"], r.adaptive.scale, int(state.get("step", 0))))
 
     with run:
-        train(run, model, optimizer, epochs=1, loader=adaptive_loader(run), before_step=record)
+        train(
+            run,
+            model,
+            optimizer,
+            epochs=1,
+            loader=adaptive_loader(run),
+            before_step=record,
+            clock=clock,
+        )
     scales = [s for _, s, _ in records]
-    assert len(set(scales)) > 1
+    # The measured times (ComputeClock) make the run grow its batch at least twice, so the
+    # restart of Adam's state is checked after more than one change.
+    assert sum(a != b for a, b in itertools.pairwise(scales)) >= 2, scales
     for lr, scale, _ in records:
         assert lr == pytest.approx(0.01 * math.sqrt(scale))
     # Adam's step count restarts at every change of scale (0 before the optimizer's step).
