@@ -178,12 +178,26 @@ def test_both_fallbacks_keep_each_job_within_its_queues_ceiling(caplog):
     assert "using the alone bound" in caplog.text
 
 
-def test_the_interior_point_method_takes_over_from_a_simplex_that_runs_out_of_time(caplog):
+def test_the_interior_point_method_takes_over_from_a_simplex_that_runs_out_of_time(
+    caplog, monkeypatch
+):
     # Twenty identical jobs: a degenerate program the dual simplex takes several seconds to
     # solve, the interior-point method a fraction of one. Twenty turns of 1 h: 10.5 h on average.
+    # Which solver runs out of time is made an order of events, not a race with the machine's
+    # load: the simplex gets a limit it always reaches, the interior point all the time it needs.
+    real = bounds.linprog
+    tried = []
+
+    def limited(*args, method, options, **kwargs):
+        tried.append((method, options["time_limit"]))
+        limit_s = 1e-6 if method == "highs-ds" else 600.0
+        return real(*args, method=method, options=options | {"time_limit": limit_s}, **kwargs)
+
+    monkeypatch.setattr(bounds, "linprog", limited)
     jobs = tuple(job(f"j{i}", lo=4, hi=4, work=3600 * 4, profile=LINEAR) for i in range(20))
     with caplog.at_level("INFO", logger="simulations.bounds"):
         bound = jct_lower_bound_h(workload(*jobs), cluster(4), solve_limit_s=2.0)
+    assert tried == [("highs-ds", 2.0), ("highs-ipm", 2.0)]
     assert "highs-ds solver stopped" in caplog.text
     assert bound == pytest.approx(10.5, abs=0.01)
 
