@@ -8,12 +8,19 @@ exits with ``ChildFailedError``), c10d rendezvous on 127.0.0.1, ``--backend=gloo
 ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (see the comment on it in
 ``elastic-pytorch-job.yaml``). The lines marked ``# tide`` are all it takes on top of a plain DDP
 script.
+
+Adaptive batch: run from ``adaptive-pytorch-job.yaml`` (whose env passes ``TIDE_ADAPTIVE_BATCH``
+and the bounds), the run chooses the batch within the bounds and sets the learning rate itself:
+the cosine schedule is then a function of progress (steps at the initial batch) instead of a
+scheduler, and ``--global-batch`` and ``--micro-batch`` are ignored.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
+import os
 
 import torch
 import torch.distributed as dist
@@ -21,7 +28,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-from worker_runtime import ElasticRun  # tide
+from worker_runtime import AdaptiveBatchSettings, ElasticRun  # tide
 
 
 def main() -> None:
@@ -44,7 +51,11 @@ def main() -> None:
     data = TensorDataset(inputs, inputs @ torch.randn(32, 1))
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=1000)
+    # tide: a Job annotated tide.io/adaptive-batch: "true" passes TIDE_ADAPTIVE_BATCH to its pods
+    adaptive = AdaptiveBatchSettings.from_environ(os.environ) is not None  # tide
+    scheduler = (
+        None if adaptive else torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=1000)
+    )
 
     run = ElasticRun(  # tide
         checkpoint_dir=args.ckpt_dir,
@@ -56,12 +67,14 @@ def main() -> None:
         checkpoint_every_steps=50,
         checkpoint_every_s=300,
         backend=args.backend,
+        # tide: adaptive batch only: the same cosine, keyed on progress
+        lr_schedule=lambda progress: 0.5 * (1 + math.cos(math.pi * progress / 1000)),
     )
     model.to(run.device)  # tide: cuda:<LOCAL_RANK> on a GPU, else cpu; before the load below
     with run:  # tide: joins the group, loads the latest checkpoint, handles SIGTERM
         ddp = DistributedDataParallel(model) if dist.is_initialized() else model
-        sampler = run.make_sampler(data)  # tide
-        loader = DataLoader(data, batch_size=args.micro_batch, sampler=sampler)
+        # tide: its micro batches follow the run's, which the adaptive batch may change
+        loader = DataLoader(data, batch_sampler=run.make_batch_sampler(data))
         for epoch in run.epochs(args.epochs):  # tide
             for batches in run.steps(loader):  # tide: one optimizer step
                 for i, (x, y) in enumerate(batches):
@@ -73,9 +86,16 @@ def main() -> None:
                         loss.backward()
                 optimizer.step()
                 optimizer.zero_grad()
-                scheduler.step()
+                if scheduler is not None:
+                    scheduler.step()
             if run.rank == 0:
-                logging.info("epoch %s done at step %s, loss %.4f", epoch, run.step, loss.item())
+                logging.info(
+                    "epoch %s done at step %s, loss %.4f, micro batch %s",
+                    epoch,
+                    run.step,
+                    loss.item(),
+                    run.plan.micro_batch_size,  # the adaptive batch's choice, if it opted in
+                )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 from scheduler_policy.adapters.volcano_job import API_VERSION as JOB_API_VERSION
 from scheduler_policy.adapters.volcano_job import KIND as JOB_KIND
 from scheduler_policy.adapters.volcano_job import UnreadJob, read_job
+from scheduler_policy.policy.adaptive_env import check_adaptive_env
 from scheduler_policy.policy.fields import read_yaml_documents, show
 from scheduler_policy.policy.file import API_VERSION, KIND, parse_policy
 from scheduler_policy.policy.spec import ElasticPolicy
@@ -84,8 +85,9 @@ def check_job(document: Mapping[str, object]) -> tuple[list[str], list[str]]:
     what it finds is what would make the engine hold the job with ``InvalidJobSpec``. It is
     also checked for the constraints Volcano's webhook enforces
     (``tasks[i].minAvailable <= tasks[i].replicas``, ``spec.minAvailable <= sum(replicas)``),
-    and an elastic Job for its scaling task's ``minAvailable`` and ``RestartJob`` policies
-    that would fire on a scale-down.
+    an elastic Job for its scaling task's ``minAvailable`` and ``RestartJob`` policies
+    that would fire on a scale-down, and every Job for whether its workers read the
+    adaptive-batch settings its annotations declare (``policy.adaptive_env``).
 
     Args:
         document: the Job manifest as loaded from YAML.
@@ -130,6 +132,14 @@ def check_job(document: Mapping[str, object]) -> tuple[list[str], list[str]]:
                 f"({total_replicas}), got {least}"
             )
 
+    metadata = document.get("metadata")
+    found.errors.extend(
+        check_adaptive_env(
+            (metadata.get("annotations") if isinstance(metadata, Mapping) else None) or {},
+            spec["tasks"],
+            scaling_task=read.task_index if read.state.elastic else None,
+        )
+    )
     if not read.state.elastic or read.task_index is None:
         return found.errors, found.warnings
     scaling = next(t for t in read.tasks if t.index == read.task_index)

@@ -164,13 +164,18 @@ def test_rendered_objects_apply_and_the_engine_pod_is_admitted_as_restricted(
 # --- the example Queues and Job pass Volcano's admission policies ---------------------------
 
 
-def _examples(suffix: str, namespace: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The example Queues (renamed ``<name>-<suffix>``: Queues are cluster-wide) and the
-    example Job and its PVC in ``namespace``, sent to the renamed queue."""
+EXAMPLE_JOBS = ("elastic-pytorch-job.yaml", "adaptive-pytorch-job.yaml")
+
+
+def _examples(
+    suffix: str, namespace: str, job_file: str = EXAMPLE_JOBS[0]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The example Queues (renamed ``<name>-<suffix>``: Queues are cluster-wide) and an
+    example Job (``job_file``) and its PVC in ``namespace``, sent to the renamed queue."""
     queues = list(yaml.safe_load_all((EXAMPLES / "queues.yaml").read_text()))
     for queue in queues:
         queue["metadata"]["name"] += f"-{suffix}"
-    job_objects = list(yaml.safe_load_all((EXAMPLES / "elastic-pytorch-job.yaml").read_text()))
+    job_objects = list(yaml.safe_load_all((EXAMPLES / job_file).read_text()))
     for obj in job_objects:
         obj["metadata"]["namespace"] = namespace
         if obj["kind"] == "Job":
@@ -178,11 +183,11 @@ def _examples(suffix: str, namespace: str) -> tuple[list[dict[str, Any]], list[d
     return queues, job_objects
 
 
-@pytest.fixture
+@pytest.fixture(params=EXAMPLE_JOBS, ids=["plain", "adaptive"])
 def examples(
-    control_plane: ControlPlane, namespace: str
+    request: pytest.FixtureRequest, control_plane: ControlPlane, namespace: str
 ) -> Iterator[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
-    queues, job_objects = _examples(uuid.uuid4().hex[:6], namespace)
+    queues, job_objects = _examples(uuid.uuid4().hex[:6], namespace, request.param)
     yield queues, job_objects
     delete_quietly(control_plane, queues)
 
@@ -251,6 +256,43 @@ def test_volcanos_admission_policies_are_in_force_for_the_examples(
         apply(api, [target])
     assert refused.value.status == 422
     assert f"{policy}-validation-policy" in str(refused.value.body)
+
+
+def test_the_adaptive_examples_pods_read_their_annotations_through_the_downward_api(
+    control_plane: ControlPlane, namespace: str
+) -> None:
+    # No Volcano controller runs to make the pods: each task's pod, as Volcano makes it from
+    # the template, is sent as a dry run, so the API server validates every fieldRef path.
+    [job] = [
+        o
+        for o in yaml.safe_load_all((EXAMPLES / EXAMPLE_JOBS[1]).read_text())
+        if o["kind"] == "Job"
+    ]
+    with control_plane.api_client() as api:
+        core = client.CoreV1Api(api)
+        for task in job["spec"]["tasks"]:
+            template = copy.deepcopy(task["template"])
+            metadata = template["metadata"] | {"name": f"adaptive-train-{task['name']}-0"}
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+                   "spec": template["spec"]}  # fmt: skip
+            stored = core.create_namespaced_pod(namespace, pod, dry_run="All").to_dict()
+            env = stored["spec"]["containers"][0]["env"]
+            paths = {
+                e["name"]: e["value_from"]["field_ref"]["field_path"]
+                for e in env
+                if e["name"].startswith("TIDE_") and e["value_from"] is not None
+            }
+            assert len(paths) == 6, paths
+            for path in paths.values():
+                key = path.removeprefix("metadata.annotations['").removesuffix("']")
+                assert key in stored["metadata"]["annotations"], (task["name"], path)
+            bad = copy.deepcopy(pod)
+            bad["spec"]["containers"][0]["env"][-2]["valueFrom"]["fieldRef"]["fieldPath"] = (
+                "metadata.annotations[tide.io/accumulation]"  # the quotes left out
+            )
+            with pytest.raises(ApiException) as refused:
+                core.create_namespaced_pod(namespace, bad, dry_run="All")
+            assert refused.value.status == 422, task["name"]
 
 
 # --- least privilege, proved with the engine's own token ------------------------------------

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
+from scheduler_policy.policy.annotations import ADAPTIVE_ENV
 from scheduler_policy.policy.validate import FileReport, check_job, validate_file, validate_paths
 
 POLICIES_DIR = Path(__file__).resolve().parents[2] / "manifests" / "policies"
@@ -285,4 +286,10 @@ ADAPTIVE_JOB = {
 def test_check_job_checks_the_adaptive_batch_annotations(
     annotations: dict[str, str], errors: list[str]
 ) -> None:
-    assert check_job(make_job(annotations=annotations)) == (errors, [])
+    # The worker's container passes the same values (tests/manifests/test_adaptive_example.py
+    # checks what happens when it does not).
+    worker = make_task("worker", 4, min_available=1)
+    env = [{"name": ADAPTIVE_ENV[k], "value": v} for k, v in annotations.items()]
+    worker["template"]["spec"] = {"containers": [{"name": "t", "env": env}]}
+    job = make_job(annotations=annotations, tasks=[make_task("master", 1), worker])
+    assert check_job(job) == (errors, [])
