@@ -390,7 +390,8 @@ class ElasticRun:
             by one).
 
         Raises:
-            ConfigError: When :meth:`make_sampler` was not called.
+            ConfigError: When :meth:`make_sampler` was not called, or with the adaptive batch
+                when the loader's micro batch is fixed (not :meth:`make_batch_sampler`'s).
             SystemExit: With code 143 after the coordinated save when a stop was requested.
         """
         if self._sampler is None:
