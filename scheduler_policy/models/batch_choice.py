@@ -326,6 +326,7 @@ def choose(
     grad_var: float,
     initial_batch_size: int,
     switch_speedup: float = SWITCH_SPEEDUP,
+    memo: dict[BatchChoice, float] | None = None,
 ) -> BatchChoice:
     """The batch to take next: the best candidate when it beats the current one enough.
 
@@ -337,6 +338,8 @@ def choose(
         grad_var: Averaged ``grad_var``.
         initial_batch_size: The job's initial global batch.
         switch_speedup: Predicted goodput ratio, best over current, needed to switch.
+        memo: Goodputs already computed with this model and these statistics, by candidate;
+            filled as they are computed (the engine's repeated choices at one size share it).
 
     Returns:
         ``current`` or the best candidate.
@@ -345,19 +348,26 @@ def choose(
         return current
 
     # Each candidate's goodput once (the engine asks at every size it may give the job).
-    scores = {
-        c: goodput(
-            c,
-            model=model,
-            grad_sqr=grad_sqr,
-            grad_var=grad_var,
-            initial_batch_size=initial_batch_size,
-        )
-        for c in options
-    }
-    best = max(options, key=lambda c: (scores[c], -c.accumulation_steps, -c.global_batch_size))
-    if current not in scores:
+    known: dict[BatchChoice, float] = {} if memo is None else memo
+    scores = []
+    for c in options:
+        score = known.get(c)
+        if score is None:
+            score = known[c] = goodput(
+                c,
+                model=model,
+                grad_sqr=grad_sqr,
+                grad_var=grad_var,
+                initial_batch_size=initial_batch_size,
+            )
+        scores.append(score)
+    top = max(
+        range(len(options)),
+        key=lambda i: (scores[i], -options[i].accumulation_steps, -options[i].global_batch_size),
+    )
+    best = options[top]
+    if current not in options:
         return best
-    if best != current and scores[best] >= switch_speedup * scores[current]:
+    if best != current and scores[top] >= switch_speedup * scores[options.index(current)]:
         return best
     return current

@@ -28,6 +28,7 @@ returns None) and keeps its throughput curve: exactly as if this module did not 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -153,6 +154,7 @@ def predict_choice(
     every = _candidates(bounds, replicas=replicas, largest=None)
     if not every:
         return None
+    memo: dict[BatchChoice, float] = {}  # the rounds score mostly the same candidates
     choice = (
         current
         if current in every
@@ -170,6 +172,7 @@ def predict_choice(
             grad_sqr=grad_sqr,
             grad_var=grad_var,
             initial_batch_size=bounds.initial_batch_size,
+            memo=memo,
         )
         if chosen == choice:
             break
@@ -177,9 +180,12 @@ def predict_choice(
     return choice
 
 
+@functools.lru_cache(maxsize=4096)
 def _candidates(
     bounds: BatchBounds, *, replicas: int, largest: int | None
 ) -> tuple[BatchChoice, ...]:
+    # Cached: a curve asks for every size's candidates at each cap, every round the job's
+    # statistics change, and building them cost more than scoring them.
     return candidates(
         replicas=replicas,
         initial_batch_size=bounds.initial_batch_size,
