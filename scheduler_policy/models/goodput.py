@@ -270,17 +270,21 @@ def goodput_curve(
         )
         rates.append(max(0.0, samples_per_s / bounds.initial_batch_size))
         batches.append(choice.global_batch_size)
-    remaining = None
-    done, planned = statistics.progress, statistics.planned_progress
-    if done is not None and planned is not None and math.isfinite(done) and math.isfinite(planned):
-        remaining = max(0.0, planned - done)
     return GoodputCurve(
         progress_per_s=tuple(rates),
         batch_sizes=tuple(batches),
-        remaining_progress=remaining,
+        remaining_progress=remaining_progress(statistics),
         cap_replicas=cap,
         measured_sizes=len({p.replicas for p in points}),
     )
+
+
+def remaining_progress(statistics: BatchStatistics) -> float | None:
+    """``planned_progress − progress`` (at least 0), iterations; None unless both are finite."""
+    done, planned = statistics.progress, statistics.planned_progress
+    if done is None or planned is None or not (math.isfinite(done) and math.isfinite(planned)):
+        return None
+    return max(0.0, planned - done)
 
 
 def _current_choice(

@@ -10,6 +10,7 @@ seen, or ``refit_s`` after the last fit; the curve itself is rebuilt only when i
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from scheduler_policy.models.goodput import (
     GoodputCurve,
     goodput_curve,
     missing_input,
+    remaining_progress,
     usable_step_times,
 )
 from scheduler_policy.models.step_model import StepModel
@@ -82,32 +84,38 @@ class GoodputFits:
             self.fits += 1
             cached = _Fitted(shapes, now_s, model)
             self._jobs[job.key] = cached
+        # The table depends on the fitted model, not on the means it was fitted to (they drift
+        # every round in production), nor on the progress (only the remaining work does).
         inputs = (
             bounds,
             stats.grad_sqr,
             stats.grad_var,
             stats.batch_size,
-            stats.progress,
-            stats.planned_progress,
-            points,
+            shapes,
+            cached.fitted_at_s,
             job.current_replicas,
             job.max_replicas,
             job.gpus_per_replica,
             gpus_per_node,
         )
-        if cached.curve is not None and cached.inputs == inputs:
-            return cached.curve
-        found = goodput_curve(
-            bounds=bounds,
-            statistics=stats,
-            max_replicas=job.max_replicas,
-            current_replicas=job.current_replicas,
-            gpus_per_replica=job.gpus_per_replica,
-            gpus_per_node=gpus_per_node,
-            model=cached.model,
-        )
-        curve = None if found is None else as_job_curve(found)
-        cached.inputs, cached.curve = inputs, curve
+        if cached.inputs != inputs:
+            found = goodput_curve(
+                bounds=bounds,
+                statistics=stats,
+                max_replicas=job.max_replicas,
+                current_replicas=job.current_replicas,
+                gpus_per_replica=job.gpus_per_replica,
+                gpus_per_node=gpus_per_node,
+                model=cached.model,
+            )
+            cached.inputs, cached.curve = inputs, None if found is None else as_job_curve(found)
+        curve = cached.curve
+        if curve is None or curve.goodput is None:
+            return None
+        remaining = remaining_progress(stats)
+        if remaining != curve.goodput.remaining_progress:
+            goodput = dataclasses.replace(curve.goodput, remaining_progress=remaining)
+            curve = cached.curve = dataclasses.replace(curve, goodput=goodput)
         return curve
 
     def latest(self) -> dict[JobKey, GoodputCurve]:

@@ -114,3 +114,17 @@ def test_the_step_model_is_refitted_only_for_a_new_shape() -> None:
     moved = adaptive(make_job("a", current=4), shapes=((1, 2, 32), (1, 4, 32), (1, 6, 32)))
     cache.fit(make_observation(moved), policy)
     assert cache.goodput.fits == 2
+
+
+def test_progress_moves_the_remaining_work_not_the_table() -> None:
+    cache, policy = ModelCache(), make_policy()
+    first = adaptive(make_job("a", current=4), progress=100.0, planned_progress=1000.0)
+    later = adaptive(make_job("a", current=4), progress=400.0, planned_progress=1000.0)
+    noisier = adaptive(make_job("a", current=4), progress=400.0, grad_var=500.0)
+    curves = [
+        cache.fit(make_observation(job), policy).curves[job.key].goodput
+        for job in (first, later, noisier)
+    ]
+    assert [c.remaining_progress for c in curves] == [900.0, 600.0, 9600.0]
+    assert curves[1].progress_per_s is curves[0].progress_per_s  # not rebuilt for progress
+    assert curves[2].progress_per_s != curves[1].progress_per_s  # rebuilt for the statistics
