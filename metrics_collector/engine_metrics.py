@@ -25,6 +25,10 @@ Exported:
   of each candidate (``model``, ``recent_peak``) on the queue's recent history;
   ``tide_forecast_model{queue_name, model}``: 1 for the candidate the queue's headroom follows, 0
   for the other.
+- ``tide_job_goodput_batch_size{namespace, volcano_job}`` and
+  ``tide_job_goodput_iterations_per_second{...}``: for each job whose curve is its goodput (it
+  adapts its batch), the global batch its workers are predicted to take at the target
+  replicas, and its predicted progress there (scale-invariant iterations per second).
 - ``tide_reconcile_duration_seconds``: histogram of reconcile durations, failures included.
 - ``tide_reconcile_failures_total``: reconciles that raised.
 - ``tide_last_reconcile_timestamp_seconds``: when the last successful reconcile finished.
@@ -65,6 +69,29 @@ DURATION_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 1
 def _job_labels(key: JobKey) -> list[str]:
     namespace, _, name = key.partition("/")
     return [namespace, name]
+
+
+def _goodput(result: ReconcileResult, models: ModelCache) -> list[Metric]:
+    """The adaptive-batch jobs' predicted batch and goodput at their targets."""
+    curves = models.goodput.latest()
+    labels = ["namespace", "volcano_job"]
+    batch = GaugeMetricFamily(
+        "tide_job_goodput_batch_size",
+        "Global batch the engine predicts an adaptive-batch job's workers take at its target.",
+        labels=labels,
+    )
+    rate = GaugeMetricFamily(
+        "tide_job_goodput_iterations_per_second",
+        "Predicted progress of an adaptive-batch job at its target replicas, scale-invariant "
+        "iterations per second.",
+        labels=labels,
+    )
+    for d in result.decisions:
+        curve = curves.get(d.job)
+        if curve is not None:
+            batch.add_metric(_job_labels(d.job), curve.batch_at(d.target_replicas))
+            rate.add_metric(_job_labels(d.job), curve.at(d.target_replicas))
+    return [batch, rate]
 
 
 class EngineMetrics(Collector):
@@ -148,7 +175,7 @@ class EngineMetrics(Collector):
             for d in result.decisions:
                 current.add_metric(_job_labels(d.job), d.current_replicas)
                 target.add_metric(_job_labels(d.job), d.target_replicas)
-            families += [current, target]
+            families += [current, target, *_goodput(result, models)]
             queue_labels = ["queue_name"]
             budget = GaugeMetricFamily(
                 "tide_queue_budget_gpus",

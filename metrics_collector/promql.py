@@ -60,8 +60,13 @@ def render(template: str, values: Mapping[str, str], *, name: str) -> str:
 
 
 def placeholder_values(settings: MetricsSettings) -> dict[str, str]:
-    """What each placeholder stands for under ``settings``."""
-    return {"rateWindow": promql_duration(settings.rate_window_s)}
+    """What each placeholder stands for under ``settings``: ``${rateWindow}`` the throughput
+    rates' window, ``${stepWindow}`` the step-time means' (the throughput lookback: a job's
+    step times at every shape it ran at within it feed its step model)."""
+    return {
+        "rateWindow": promql_duration(settings.rate_window_s),
+        "stepWindow": promql_duration(settings.lookback_s),
+    }
 
 
 def grid_points(start_s: float, end_s: float, step_s: float) -> int:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from metrics_collector.batch_stats import BATCH_QUERIES, batch_statistics
 from metrics_collector.promql import align_down, chunk_range, placeholder_values, render
 from metrics_collector.querier import (
     InstantSeries,
@@ -31,7 +32,13 @@ from metrics_collector.querier import (
 from metrics_collector.throughput import JobThroughput
 from scheduler_policy.policy.spec import MetricsSettings, PrometheusQueries
 from scheduler_policy.vocabulary.protocols import MetricsSample
-from scheduler_policy.vocabulary.state import DemandPoint, JobKey, QueueName, ThroughputPoint
+from scheduler_policy.vocabulary.state import (
+    BatchStatistics,
+    DemandPoint,
+    JobKey,
+    QueueName,
+    ThroughputPoint,
+)
 
 __all__ = [
     "DEMAND_FILL_S",
@@ -258,12 +265,14 @@ class SampleBuilder:
         queues: dict[QueueName, QueueFigures] = {}
         histories: dict[JobKey, tuple[ThroughputPoint, ...]] = {}
         remaining: dict[JobKey, float] = {}
+        batch: dict[JobKey, BatchStatistics] = {}
         reachable = True
         try:
             self._send(now_s)
             free_gpus = self._cluster(work) if self.cluster_figures else math.nan
             queues = self._queues(work)
             histories, remaining = self._jobs(work)
+            batch = self._batch(work)
             self._read_demand(work)
         except QueryUnavailable as e:
             reachable = False
@@ -292,6 +301,7 @@ class SampleBuilder:
             job_remaining_samples=remaining,
             queue_allocated_gpus=allocated,
             queue_demand_history={q: tuple(points) for q, points in self._demand.items()},
+            job_batch_statistics=batch,
         )
 
     # ------------------------------------------------------------------ cluster and queues
@@ -406,6 +416,19 @@ class SampleBuilder:
             if job in consumed and math.isfinite(planned[job]) and math.isfinite(consumed[job])
         }
         return histories, remaining
+
+    def _batch(self, work: _Round) -> dict[JobKey, BatchStatistics]:
+        """Adaptive-batch jobs' statistics (``metrics_collector.batch_stats``); a refused
+        query is a problem and its figure absent, never a stale job."""
+        results: dict[str, list[InstantSeries]] = {}
+        for name in BATCH_QUERIES:
+            try:
+                results[name] = self._instant(name, work.now_s)
+            except QueryRefused as e:
+                work.problems.append(f"{name}: query refused: {e}")
+        found, problems = batch_statistics(results)
+        work.problems.extend(problems)
+        return found
 
     def _check_job(
         self,

@@ -10,6 +10,8 @@ true gradient and ``grad_var`` the trace of the gradient's covariance at the *in
 steps at ``B0`` (Johnson et al., "AdaScale SGD", ICML 2020; the rule AdaptDL's scaling rules
 use): ``1 <= gain <= scale``, equal to ``scale`` when the gradient is all noise and to ``1`` when
 it is noise-free. The statistical efficiency of ``B`` is ``gain / scale`` (Pollux's ``E``).
+Both are defined once, in :mod:`scheduler_policy.models.efficiency`, where the engine predicts
+this worker's goodput with the same arithmetic.
 
 Progress is counted in scale-invariant iterations: each step adds its gain, so a schedule keyed
 on progress (a warm-up over the first ``k`` iterations, a decay at iteration ``n``) means the same
@@ -27,9 +29,11 @@ from __future__ import annotations
 import enum
 import math
 
-# Floor of grad_var: an estimate of zero noise (or a negative one from a noisy difference) would
-# make the gain 1 at every scale and the efficiency vanish; AdaptDL floors it the same way.
-VAR_FLOOR = 1e-6
+# One definition of the gain and the efficiency, shared with the engine (which predicts this
+# worker's goodput with them); re-exported here for the worker's own callers.
+from scheduler_policy.models.efficiency import VAR_FLOOR, efficiency, gain
+
+__all__ = ["VAR_FLOOR", "OptimizerKind", "efficiency", "gain", "lr_factor"]
 
 
 class OptimizerKind(enum.Enum):
@@ -37,46 +41,6 @@ class OptimizerKind(enum.Enum):
 
     SGD = "sgd"
     ADAM = "adam"
-
-
-def gain(*, grad_sqr: float, grad_var: float, scale: float) -> float:
-    """Steps at the initial batch one step at ``scale`` times that batch is worth.
-
-    Args:
-        grad_sqr: Squared norm of the true gradient (negative estimates count as 0).
-        grad_var: Gradient variance at the initial batch (floored at :data:`VAR_FLOOR`).
-        scale: Global batch over the initial batch, ``> 0``.
-
-    Returns:
-        The gain, between ``min(1, scale)`` and ``max(1, scale)``.
-
-    Raises:
-        ValueError: When ``scale`` is not positive or a statistic is not finite.
-    """
-    if not scale > 0:
-        raise ValueError(f"scale: must be > 0, got {scale}")
-    if not (math.isfinite(grad_sqr) and math.isfinite(grad_var)):
-        raise ValueError(f"gradient statistics: must be finite, got {grad_sqr}, {grad_var}")
-    sqr = max(grad_sqr, 0.0)
-    var = max(grad_var, VAR_FLOOR)
-    return (var + sqr) / (var / scale + sqr)
-
-
-def efficiency(*, grad_sqr: float, grad_var: float, scale: float) -> float:
-    """Statistical efficiency of a batch ``scale`` times the initial one: ``gain / scale``.
-
-    Args:
-        grad_sqr: Squared norm of the true gradient.
-        grad_var: Gradient variance at the initial batch.
-        scale: Global batch over the initial batch, ``> 0``.
-
-    Returns:
-        Progress per sample relative to the initial batch, in ``(0, 1]`` for ``scale >= 1``.
-
-    Raises:
-        ValueError: As :func:`gain`.
-    """
-    return gain(grad_sqr=grad_sqr, grad_var=grad_var, scale=scale) / scale
 
 
 def lr_factor(*, kind: OptimizerKind, gain_value: float, scale: float) -> float:

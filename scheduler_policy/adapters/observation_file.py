@@ -22,6 +22,8 @@ The format mirrors the dataclasses in ``vocabulary.state`` with camelCase keys::
         metricsFresh: true         # false: this job's own throughput is stale (it holds)
         staleReason: "..."         # with metricsFresh false: what was stale, for `tide plan`
         annotations: {tide.io/max-replicas: "16"}   # tide.io/memory too, as tide stores it
+        batchBounds: {...}         # an adaptive-batch job's bounds and what its workers report:
+        batchStatistics: {...}     # see scheduler_policy.adapters.observation_batch
 
 Every problem names the file and its path; all problems are reported at once.
 """
@@ -33,6 +35,7 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
+from scheduler_policy.adapters.observation_batch import read_bounds, read_statistics
 from scheduler_policy.adapters.volcano_job import annotated_job
 from scheduler_policy.policy.fields import (
     Section,
@@ -66,6 +69,7 @@ _JOB = (
     "key", "queue", "gpusPerReplica", "minReplicas", "maxReplicas", "currentReplicas",
     "scheduledReplicas", "phase", "elastic", "task", "restartCost", "remainingSamples",
     "lastRescale", "annotations", "throughput", "nonelasticGpus", "metricsFresh", "staleReason",
+    "batchBounds", "batchStatistics",
 )  # fmt: skip
 _POINT = ("time", "replicas", "samplesPerS", "nodes")
 _PHASES = {phase.value: phase for phase in JobPhase}
@@ -161,6 +165,16 @@ def _job(value: object, path: str, problems: list[str]) -> JobState | None:
         last_rescale_s=j.get("lastRescale", None, optional_non_negative),
         throughput_history=tuple(p for p in points if p is not None),
         nonelastic_gpus=j.get("nonelasticGpus", 0.0, non_negative),
+        batch_bounds=(
+            read_bounds(j.mapping["batchBounds"], f"{path}.batchBounds", problems)
+            if "batchBounds" in j.mapping
+            else None
+        ),
+        batch_statistics=(
+            read_statistics(j.mapping["batchStatistics"], f"{path}.batchStatistics", problems)
+            if "batchStatistics" in j.mapping
+            else None
+        ),
     )
     fresh = j.get("metricsFresh", True, boolean)
     stale_reason = j.get("staleReason", None, _optional_sentence)

@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_policy.models.curve import JobCurve
+from scheduler_policy.models.goodput import GoodputColumns
 from scheduler_policy.models.node_scaling import SYNC_TERMS, packed_nodes, sync_throughput
 from scheduler_policy.models.scaling import usl_throughput
 from scheduler_policy.vocabulary.state import JobKey, JobState, QueueName
@@ -54,6 +55,8 @@ class JobTable:
         placed: whether each job's curve has them.
         cross_node_max: each job's cap across nodes, samples/s.
         gpus_per_node: the node size each job's sizes are packed on.
+        goodput: the jobs whose curve is their goodput (progress per second, remaining work
+            in progress: ``scheduler_policy.models.goodput``); None when no job adapts.
     """
 
     jobs: tuple[JobState, ...]
@@ -80,11 +83,14 @@ class JobTable:
     placed: BoolArray | None = None
     cross_node_max: FloatArray | None = None
     gpus_per_node: FloatArray | None = None
+    goodput: GoodputColumns | None = None
 
     def throughput(self, n: FloatArray) -> FloatArray:
         """Each job's throughput at replica counts ``n`` (one row per job), on the nodes each
         count spans when packed (k × GPUs per replica on the job's node size)."""
         usl = usl_throughput(self.lam[:, None], self.sigma[:, None], self.kappa[:, None], n)
+        if self.goodput is not None:
+            usl = self.goodput.throughput(n, usl)
         if self.sync is None or self.placed is None:
             return usl
         assert self.cross_node_max is not None and self.gpus_per_node is not None
@@ -132,6 +138,8 @@ class JobTable:
         lo = np.maximum(integers("min_replicas"), 0)
         current = integers("current_replicas")
         measured = np.fromiter(map(attrgetter("measured"), curves), dtype=bool, count=count)
+        goodput = GoodputColumns.of(list(map(attrgetter("goodput"), curves)))
+        remaining = np.where(measured, column("remaining_samples"), np.nan)
         restart = column("restart_cost_s")
         hi = np.maximum(integers("max_replicas"), lo)
         asked = column("requested_replicas")
@@ -155,7 +163,7 @@ class JobTable:
             gpus_per_replica=column("gpus_per_replica"),
             nonelastic_gpus=column("nonelastic_gpus"),
             restart_cost_s=np.where(np.isnan(restart), default_restart_cost_s, restart),
-            remaining_samples=np.where(measured, column("remaining_samples"), np.nan),
+            remaining_samples=remaining if goodput is None else goodput.remaining(remaining),
             running_since_s=column("running_since_s"),
             requested=requested,
             last_rescale_s=column("last_rescale_s"),
@@ -168,4 +176,5 @@ class JobTable:
             placed=placed if sync is not None else None,
             cross_node_max=column("cross_node_max_samples_per_s", curves),
             gpus_per_node=column("gpus_per_node", curves),
+            goodput=goodput,
         )

@@ -8,6 +8,7 @@ from typing import NamedTuple
 
 from scheduler_policy.decision.budget import QueueBudget
 from scheduler_policy.decision.placement import GangFit
+from scheduler_policy.models.goodput import GoodputColumns
 from scheduler_policy.policy.spec import Defaults
 from scheduler_policy.vocabulary.state import JobKey, JobState, PendingGang, QueueName, Reason
 
@@ -26,6 +27,7 @@ class DecisionBatch:
     budgets: Mapping[QueueName, QueueBudget]
     measured: Sequence[bool]
     defaults: Defaults
+    goodput: GoodputColumns | None = None
 
     def render(self, index: int) -> str:
         """Decision ``index``'s sentence; see ``decision_message``."""
@@ -40,6 +42,9 @@ class DecisionBatch:
             budget=self.budgets[job.queue],
             defaults=self.defaults,
             measured=self.measured[index],
+            goodput_batch=(
+                None if self.goodput is None else self.goodput.batch(index, self.targets[index])
+            ),
         )
 
 
@@ -79,6 +84,7 @@ def decision_message(
     budget: QueueBudget,
     defaults: Defaults,
     measured: bool,
+    goodput_batch: int | None = None,
 ) -> str:
     """One sentence saying why ``job`` goes to ``target`` replicas.
 
@@ -92,16 +98,25 @@ def decision_message(
         budget: the job's queue budget.
         defaults: the policy's defaults.
         measured: whether the job's scaling curve comes from its own measurements.
+        goodput_batch: set when the job's curve is its goodput (it adapts its batch): the
+            global batch its workers would take at ``target`` replicas.
 
     Returns:
         The sentence.
     """
     curve = "" if measured else " (no throughput measured yet: prior scaling curve)"
+    what, note = "throughput", ""
+    if goodput_batch is not None:
+        what = "goodput"
+        curve = note = (
+            f" (goodput curve: progress per second at the batch its workers would take, "
+            f"{goodput_batch} at {target} replicas)"
+        )
     queue = f"queue {budget.queue}"
     if reason is Reason.SCALE_UP_FOR_IDLE_GPUS:
         return (
             f"{queue} has room for elastic growth; {target} replicas predicted "
-            f"{gain:+.0%} throughput{curve}"
+            f"{gain:+.0%} {what}{curve}"
         )
     if reason is Reason.SHRINK_FOR_PENDING_WORK:
         return (
@@ -119,18 +134,18 @@ def decision_message(
     if reason is Reason.SHRINK_FOR_BETTER_USE:
         return (
             f"its last replicas would speed up other jobs of {queue} far more than they speed "
-            f"up this one; {target} replicas predicted {gain:+.0%}"
+            f"up this one; {target} replicas predicted {gain:+.0%}{note}"
         )
     if reason is Reason.SHRINK_LOW_EFFICIENCY:
-        return f"the last replicas slow the job down; {target} replicas predicted {gain:+.0%}"
+        return f"the last replicas slow the job down; {target} replicas predicted {gain:+.0%}{note}"
     if reason is Reason.RESTART_COST_EXCEEDS_GAIN:
         return (
-            f"one more replica would add {next_gain:+.0%} throughput, less than a "
+            f"one more replica would add {next_gain:+.0%} {what}, less than a "
             f"{_restart_cost(job, defaults):g}s restart is worth over the remaining run{curve}"
         )
     if reason is Reason.WITHIN_TOLERANCE:
         return (
-            f"{recommended} replicas predicted {gain:+.0%} throughput, within the "
+            f"{recommended} replicas predicted {gain:+.0%} {what}, within the "
             f"{defaults.tolerance:.0%} tolerance"
         )
     if reason is Reason.LIMITED_BY_BOUNDS:

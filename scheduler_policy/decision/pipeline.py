@@ -330,6 +330,7 @@ def _decisions_and_changes(
         budgets=settled.budgets.queues,
         measured=table.measured.tolist(),
         defaults=policy.defaults,
+        goodput=table.goodput,
     )
     # tuple.__new__ builds the named tuples from each row in C, without a Python-level call of
     # their constructors per job: at 10,000 jobs the per-job loop body cost more than the

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from scheduler_policy.models.curve import JobCurve
+from scheduler_policy.models.goodput_fit import GoodputFits
 from scheduler_policy.models.node_scaling import SYNC_TERMS, NodeScalingModel, design
 from scheduler_policy.models.peak_forecast import PeakForecaster
 from scheduler_policy.policy.spec import ElasticPolicy, Headroom
@@ -115,6 +116,8 @@ class ModelCache:
             scored on its recent history (the same fit), so this changes nothing.
         default_gpus_per_node: the node size sizes are packed on when the observation lists
             no nodes.
+        goodput: the adaptive-batch jobs' goodput fits; a job it has a curve for gets that
+            curve instead of its throughput curve (``scheduler_policy.models.goodput_fit``).
     """
 
     refit_s: float = 600.0
@@ -122,6 +125,7 @@ class ModelCache:
     forecast_fits: int = 0
     forecast_holdout: bool = False
     default_gpus_per_node: float = 8.0
+    goodput: GoodputFits = field(default_factory=GoodputFits)
     _curves: dict[JobKey, _FittedCurve] = field(default_factory=dict)
     _forecasts: dict[QueueName, _FittedForecast] = field(default_factory=dict)
     _priors: dict[tuple[float, float], JobCurve] = field(default_factory=dict)
@@ -170,7 +174,9 @@ class ModelCache:
             if not job.elastic or job.phase is not JobPhase.RUNNING:
                 continue  # never planned for: nothing to fit
             try:
-                curves[job.key] = self.curve(job, now_s=now_s, gpus_per_node=gpn)
+                curves[job.key] = self.goodput.curve(
+                    job, now_s=now_s, gpus_per_node=gpn
+                ) or self.curve(job, now_s=now_s, gpus_per_node=gpn)
             except ModelFitError as e:
                 failures[job.key] = str(e)
                 logger.warning("%s", e)
@@ -311,6 +317,7 @@ class ModelCache:
         """Drop the curves of jobs that no longer exist."""
         for key in [k for k in self._curves if k not in keep]:
             del self._curves[key]
+        self.goodput.forget(keep)
 
 
 def _prior_time(model: NodeScalingModel, replicas: float) -> float:

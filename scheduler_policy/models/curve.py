@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from scheduler_policy.models.goodput import GoodputCurve, tabulated
 from scheduler_policy.models.node_scaling import packed_nodes, sync_throughput
 from scheduler_policy.models.scaling import usl_throughput
 
@@ -35,6 +36,9 @@ class JobCurve:
         cross_node_max_samples_per_s: the cap on predicted throughput on two or more nodes
             (inf once the job was measured across nodes).
         gpus_per_node: the cluster's node size the sizes are packed on (inf: one node).
+        goodput: set when the curve is an adaptive-batch job's goodput
+            (``scheduler_policy.models.goodput``): X(k) is then G(k), progress per second at
+            the batch the worker would take, and its table serves every size.
     """
 
     lambda_samples_per_s: float
@@ -45,6 +49,7 @@ class JobCurve:
     sync: tuple[float, ...] = ()
     cross_node_max_samples_per_s: float = math.inf
     gpus_per_node: float = math.inf
+    goodput: GoodputCurve | None = None
 
     def throughput(
         self,
@@ -60,6 +65,8 @@ class JobCurve:
             gpus_per_replica: the job's GPUs per replica (for the packed node count).
             nodes: the nodes spanned; None for the packed count on ``gpus_per_node``.
         """
+        if self.goodput is not None:
+            return tabulated(self.goodput.progress_per_s, replicas)
         if not self.sync:
             return usl_throughput(self.lambda_samples_per_s, self.sigma, self.kappa, replicas)
         m = packed_nodes(replicas, gpus_per_replica, self.gpus_per_node) if nodes is None else nodes

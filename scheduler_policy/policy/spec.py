@@ -108,6 +108,17 @@ _LIVE_POD = (
 )
 
 
+_SHAPE = "namespace, volcano_job, nodes, replicas, local_batch"
+
+
+def _step_mean(histogram: str) -> str:
+    """The mean of a worker step histogram per job and shape over the step window."""
+    return (
+        f"sum by ({_SHAPE}) (increase({histogram}_sum[${{stepWindow}}]))"
+        f" / sum by ({_SHAPE}) (increase({histogram}_count[${{stepWindow}}]))"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class PrometheusQueries:
     """The PromQL templates of every figure the Prometheus source reads (file keys in camelCase).
@@ -137,6 +148,18 @@ class PrometheusQueries:
         job_planned_samples: samples each job's run will consume in all (only jobs that
             declare their epochs and dataset).
         job_consumed_samples: samples each job has consumed since it began, restarts included.
+        job_optim_step_seconds: adaptive-batch jobs' mean synchronising micro batch and
+            optimizer update per shape over ``${stepWindow}`` (the throughput lookback): the
+            ``tide_worker_optim_step_seconds`` histogram's ``_sum`` over its ``_count``, by
+            ``namespace, volcano_job, nodes, replicas, local_batch``.
+        job_accumulation_step_seconds: likewise, one accumulation micro batch.
+        job_sync_seconds: likewise, a step's gradient all-reduce.
+        job_grad_sqr: each adaptive job's smoothed squared gradient norm.
+        job_grad_var: each adaptive job's smoothed gradient variance at its initial batch.
+        job_batch_size: each adaptive job's current global batch.
+        job_progress: each adaptive job's scale-invariant iterations done.
+        job_planned_progress: each adaptive job's scale-invariant iterations in all (only jobs
+            that declare their epochs and dataset).
     """
 
     queue_allocated: str = f"volcano_queue_allocated_scalar_resources{{{_GPU}}}"
@@ -169,6 +192,14 @@ class PrometheusQueries:
     job_last_sample: str = "max by (namespace, volcano_job) (timestamp(tide_worker_samples_total))"
     job_planned_samples: str = "max by (namespace, volcano_job) (tide_worker_planned_samples)"
     job_consumed_samples: str = "max by (namespace, volcano_job) (tide_worker_consumed_samples)"
+    job_optim_step_seconds: str = _step_mean("tide_worker_optim_step_seconds")
+    job_accumulation_step_seconds: str = _step_mean("tide_worker_accumulation_step_seconds")
+    job_sync_seconds: str = _step_mean("tide_worker_sync_seconds")
+    job_grad_sqr: str = "avg by (namespace, volcano_job) (tide_worker_grad_sqr)"
+    job_grad_var: str = "avg by (namespace, volcano_job) (tide_worker_grad_var)"
+    job_batch_size: str = "max by (namespace, volcano_job) (tide_worker_batch_size)"
+    job_progress: str = "max by (namespace, volcano_job) (tide_worker_progress)"
+    job_planned_progress: str = "max by (namespace, volcano_job) (tide_worker_planned_progress)"
 
 
 @dataclass(frozen=True, slots=True)
