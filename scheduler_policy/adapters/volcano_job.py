@@ -12,7 +12,10 @@ which has the same shape without ``status``). What is read:
 - bounds: ``tide.io/min-replicas``, else the task's ``minAvailable``, else its replicas (as
   Volcano defaults it); ``tide.io/max-replicas``, else the larger of replicas and minimum (no
   growth until the owner says how far);
-- ``status.state.phase``; the ``tide.io/*`` overrides; the engine's memory (``memory_codec``).
+- ``status.state.phase``; the ``tide.io/*`` overrides; the engine's memory (``memory_codec``);
+- the asked size (``requested_replicas``): the memory's (tide stores the task's replicas there
+  with its first write, before it changes them), else the task's replicas while tide has never
+  rescaled the Job.
 
 Pods the scheduler has bound are not in the Job object, so ``scheduled_replicas`` stays None
 (taken as all of them); a client that lists the pods sets it.
@@ -34,7 +37,7 @@ from datetime import datetime
 from scheduler_policy.adapters.memory_codec import (
     MEMORY_ANNOTATION,
     encode_memory,
-    memory_from_annotations,
+    stored_from_annotations,
 )
 from scheduler_policy.policy.annotations import (
     ELASTIC,
@@ -311,11 +314,23 @@ def annotated_job(job: JobState, annotations: Mapping[str, str], *, source: str)
         one reads as none, with a warning). A bad override adds the problems to
         ``read_problems`` instead (the job then holds with ``InvalidJobSpec``); a job marked
         ``tide.io/elastic: "true"`` stays elastic, so that the hold is said. Never raises.
+
+        Its ``requested_replicas`` (the asked size): the memory's when it stores one; else
+        ``job.requested_replicas`` as given while tide has never rescaled the job (no memory,
+        or a memory without a rescale: the replicas are still the owner's); else None (tide
+        rescaled it before it stored the asked size, so that is unknown).
     """
     if MEMORY_ANNOTATION in annotations:
-        memory = memory_from_annotations(annotations, job=job.key)
+        stored = stored_from_annotations(annotations, job=job.key)
+        memory = stored.memory
+        requested = stored.requested_replicas
+        if requested is None and memory.last_rescale_s is None:
+            requested = job.requested_replicas
         job = dataclasses.replace(
-            job, last_rescale_s=memory.last_rescale_s, recommendations=memory.recommendations
+            job,
+            last_rescale_s=memory.last_rescale_s,
+            recommendations=memory.recommendations,
+            requested_replicas=requested,
         )
     try:
         overrides = job_overrides(annotations, source=source)
@@ -460,6 +475,8 @@ def read_job(obj: object, *, source: str = "job") -> VolcanoJob | UnreadJob:
         task=task_name,
         nonelastic_gpus=nonelastic_gpus,
         running_since_s=running_since_s(status),
+        # The asked size, until the memory says otherwise (``annotated_job``).
+        requested_replicas=None if found is None else found.replicas,
         read_problems=tuple(problems),
     )
     job = annotated_job(base, annotations, source=key)
@@ -514,7 +531,9 @@ def replica_patch(job: VolcanoJob, change: ReplicaChange) -> list[dict[str, obje
     ``tasks`` array): ``test`` the task's name and its replicas (``from_replicas``; a failed
     test is a conflict), ``replace`` the replicas unless the change is memory-only, and set
     the memory annotation in the same patch, so that replicas and memory never disagree. With
-    a ``resource_version``, that is tested too.
+    a ``resource_version``, that is tested too. The memory carries the job's asked size
+    (``state.requested_replicas`` as read: at the first write, its replicas then), so that a
+    restarted engine still knows it after tide has changed the replicas.
 
     Volcano's admission rules (its ValidatingAdmissionPolicy ``job-validation-policy`` and its
     webhook) refuse a task's ``minAvailable`` above its ``replicas``. A job whose
@@ -563,6 +582,8 @@ def replica_patch(job: VolcanoJob, change: ReplicaChange) -> list[dict[str, obje
     ops.append({
         "op": "add",  # adds the member, or replaces it when present
         "path": _pointer("metadata", "annotations", MEMORY_ANNOTATION),
-        "value": encode_memory(change.memory, job=state.key),
+        "value": encode_memory(
+            change.memory, job=state.key, requested_replicas=state.requested_replicas
+        ),
     })  # fmt: skip
     return ops

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from scheduler_policy.decision.pipeline import Plan, decide
@@ -135,27 +136,75 @@ def _finite_points(
 
 
 def apply_changes(
-    cluster: ClusterClient, changes: Sequence[ReplicaChange]
+    cluster: ClusterClient,
+    changes: Sequence[ReplicaChange],
+    *,
+    max_concurrent_writes: int | None = None,
 ) -> tuple[tuple[ReplicaChange, ...], tuple[tuple[ReplicaChange, str], ...]]:
     """Write each change; one failed write never stops the others.
 
+    A cluster whose ``apply`` may be called from several threads at once says so with an
+    attribute ``max_concurrent_writes`` (an int > 1: ``VolcanoClient`` has one); its changes
+    are written by that many threads at a time, each change once, and the result lists them in
+    the order of ``changes`` whatever order the writes finished in. Any other cluster is
+    written one change after another.
+
+    Args:
+        cluster: where the writes go.
+        changes: the writes, in the plan's order.
+        max_concurrent_writes: writes in flight at once; None for the cluster's own figure
+            (1 when it declares none).
+
     Returns:
-        ``(applied, failed)``, each failure with its reason.
+        ``(applied, failed)``, each in the order of ``changes``, each failure with its reason.
+
+    Raises:
+        ValueError: ``max_concurrent_writes`` (given or the cluster's) is not an integer >= 1.
+        Exception: what a write raised that is none of the engine's errors (a bug), after
+            every other write has finished; the first such, in the order of ``changes``.
     """
+    workers = _concurrency(cluster) if max_concurrent_writes is None else max_concurrent_writes
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"max_concurrent_writes: must be an integer >= 1, got {workers!r}")
+    if workers == 1 or len(changes) <= 1:
+        outcomes = [_write(cluster, change) for change in changes]
+    else:
+        with ThreadPoolExecutor(
+            max_workers=min(workers, len(changes)), thread_name_prefix="tide-apply"
+        ) as pool:
+            outcomes = list(pool.map(lambda change: _write(cluster, change), changes))
     applied: list[ReplicaChange] = []
     failed: list[tuple[ReplicaChange, str]] = []
-    for change in changes:
-        try:
-            cluster.apply(change)
-        except ConflictError as e:
-            failed.append((change, f"conflict, will retry next round: {e}"))
-            logger.info("job %s: %s", change.job, failed[-1][1])
-        except (TemporaryError, PermanentError) as e:
-            failed.append((change, str(e)))
-            logger.warning("job %s: write failed: %s", change.job, e)
-        else:
+    for change, outcome in zip(changes, outcomes, strict=True):
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if outcome is None:
             applied.append(change)
+        else:
+            failed.append((change, outcome))
     return tuple(applied), tuple(failed)
+
+
+def _concurrency(cluster: ClusterClient) -> object:
+    """The writes ``cluster`` takes at once: its ``max_concurrent_writes``, else 1."""
+    return getattr(cluster, "max_concurrent_writes", 1)
+
+
+def _write(cluster: ClusterClient, change: ReplicaChange) -> str | BaseException | None:
+    """Write one change: None when written, why not when the cluster refused it, or the
+    unexpected exception it raised (handed back, so that the other writes still run)."""
+    try:
+        cluster.apply(change)
+    except ConflictError as e:
+        reason = f"conflict, will retry next round: {e}"
+        logger.info("job %s: %s", change.job, reason)
+        return reason
+    except (TemporaryError, PermanentError) as e:
+        logger.warning("job %s: write failed: %s", change.job, e)
+        return str(e)
+    except Exception as e:  # a bug: raised by apply_changes once every write has run
+        return e
+    return None
 
 
 def reconcile(

@@ -27,7 +27,17 @@ from typing import Any
 import msgspec
 
 from scheduler_policy.extender.scan import decode_body, gc_paused
-from scheduler_policy.extender.typed import NULL, split_body, task_info
+from scheduler_policy.extender.typed import (
+    GPU_RESOURCE,
+    JOB_NAME_LABEL,
+    NULL,
+    PREEMPTABLE_LABEL,
+    TASK_INDEX_LABEL,
+    TASK_SPEC_LABEL,
+    MarksView,
+    split_body,
+    task_info,
+)
 from scheduler_policy.vocabulary.errors import TideError
 from scheduler_policy.vocabulary.state import JobKey
 
@@ -45,12 +55,6 @@ __all__ = [
     "Task",
     "parse_eviction",
 ]
-
-GPU_RESOURCE = "nvidia.com/gpu"
-JOB_NAME_LABEL = "volcano.sh/job-name"
-TASK_INDEX_LABEL = "volcano.sh/task-index"
-TASK_SPEC_LABEL = "volcano.sh/task-spec"
-PREEMPTABLE_LABEL = "volcano.sh/preemptable"
 
 DEFAULT_GRACE_PERIOD_S = 30.0
 """Kubernetes' default ``terminationGracePeriodSeconds``."""
@@ -153,7 +157,8 @@ def _read(raw: bytes) -> EvictionRequest:
     """The body through the typed decoder (``typed.py``); what it does not take, through the
     standard reader, whose errors name the fault and its path."""
     try:
-        raw.decode("utf-8")  # msgspec does not check the text it skips
+        if not raw.isascii():  # ASCII is UTF-8; else check it: msgspec does not check the
+            raw.decode("utf-8")  # text it skips (isascii builds no 5 MB copy to find out)
         view = split_body(raw)
     except (msgspec.MsgspecError, UnicodeDecodeError):  # the standard reader names the fault
         return _read_standard(raw)
@@ -168,42 +173,52 @@ def _fast_task(raw: msgspec.Raw, path: str) -> Task:
     """One TaskInfo through the typed decoder; anything unusual through ``_task``, which names
     the fault (or reads the odd Pod leniently)."""
     try:
-        text = str(memoryview(raw), "utf-8")
         info = task_info(raw)
+        text = str(memoryview(raw), "utf-8")
     except (msgspec.MsgspecError, UnicodeDecodeError):
         return _standard_task(raw, path)
     if not info.uid or info.podgroup is None or info.name is None or info.namespace is None:
         return _standard_task(raw, path)
     gpus = 0.0
-    if info.resreq is not None and info.resreq.scalars is not None:
-        milli = info.resreq.scalars.get(GPU_RESOURCE, 0.0)
+    resreq = info.resreq
+    if resreq is not None and resreq.scalars is not None:
+        milli = resreq.scalars.gpu_milli
         if not math.isfinite(milli) or milli < 0:
             return _standard_task(raw, path)
         gpus = milli / _MILLI
-    labels: Mapping[str, str] = {}
-    annotations: Mapping[str, str] = {}
+    labels = annotations = _NO_MARKS
     grace_period_s = DEFAULT_GRACE_PERIOD_S
     pod = info.pod
     if pod is not None:
-        if pod.metadata is not None:
-            labels = pod.metadata.labels or {}
-            annotations = pod.metadata.annotations or {}
-        if pod.spec is not None:
+        metadata = pod.metadata
+        if metadata is not None:
+            labels = metadata.labels or _NO_MARKS
+            annotations = metadata.annotations or _NO_MARKS
+        if pod.spec is not None and pod.spec.grace is not None:
             grace_period_s = _grace_period_s(pod.spec.grace)
-    return _make_task(
+    # A label wins over the annotation of the same key, as in ``_make_task``.
+    job_name = labels.job_name if labels.job_name is not None else annotations.job_name
+    spec = labels.task_spec if labels.task_spec is not None else annotations.task_spec
+    index = labels.task_index if labels.task_index is not None else annotations.task_index
+    marked = labels.preemptable if labels.preemptable is not None else annotations.preemptable
+    namespace = info.namespace
+    return Task(
         uid=info.uid,
         podgroup=info.podgroup,
         name=info.name,
-        namespace=info.namespace,
-        role=info.role or "",
-        node=info.node or "",
-        preemptable=info.preemptable,
+        namespace=namespace,
+        role=info.role or spec or "",
+        node=info.node or None,
         gpus=gpus,
-        labels=labels,
-        annotations=annotations,
+        preemptable=info.preemptable and _not_false(marked),
+        job=JobKey(f"{namespace}/{job_name}") if job_name else None,
+        task_index=_index(index),
         grace_period_s=grace_period_s,
         text=text,
     )
+
+
+_NO_MARKS = MarksView()
 
 
 def _standard_task(raw: msgspec.Raw, path: str) -> Task:

@@ -10,6 +10,11 @@ Two passes, both in msgspec's C decoder: ``split_body`` keeps the ``evictor`` an
 decodes one of those into a ``TaskInfoView``. The raw text of an evictee is what the answer
 echoes back as a victim, so it is needed anyway.
 
+Of a Pod's labels and annotations only the four keys tide reads are decoded (``MarksView``), of
+its resources only the GPUs (``ScalarsView``): the other entries are skipped, not built. Every
+struct is ``gc=False`` (untracked by the cyclic collector: a decoded body makes thousands of
+them, and none can be part of a cycle, since they hold only what JSON decodes to).
+
 The schema follows Volcano's Go types (``pkg/scheduler/api``: ``TaskInfo``, ``Resource``, and
 ``PreemptableRequest``/``ReclaimableRequest`` in ``pkg/scheduler/plugins/extender``): Go's
 ``encoding/json`` writes untagged fields with their Go names, pointer fields and nil maps as
@@ -30,22 +35,35 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "GPU_RESOURCE",
+    "JOB_NAME_LABEL",
     "NULL",
+    "PREEMPTABLE_LABEL",
+    "TASK_INDEX_LABEL",
+    "TASK_SPEC_LABEL",
     "BodyView",
+    "MarksView",
     "MetadataView",
     "PodSpecView",
     "PodView",
     "ResourceView",
+    "ScalarsView",
     "TaskInfoView",
     "split_body",
     "task_info",
 ]
 
+GPU_RESOURCE = "nvidia.com/gpu"
+JOB_NAME_LABEL = "volcano.sh/job-name"
+TASK_INDEX_LABEL = "volcano.sh/task-index"
+TASK_SPEC_LABEL = "volcano.sh/task-spec"
+PREEMPTABLE_LABEL = "volcano.sh/preemptable"
+
 NULL = b"null"
 """The raw text of a JSON ``null`` (what ``BodyView.evictor`` holds when Volcano sends none)."""
 
 
-class BodyView(msgspec.Struct):
+class BodyView(msgspec.Struct, gc=False):
     """A ``reclaimable``/``preemptable`` body, each TaskInfo kept as its raw JSON text.
 
     Attributes:
@@ -57,33 +75,52 @@ class BodyView(msgspec.Struct):
     evictees: list[msgspec.Raw] | None = None
 
 
-class ResourceView(msgspec.Struct):
-    """Volcano's ``Resource``: only ``ScalarResources`` (milli-units by resource name)."""
+class ScalarsView(msgspec.Struct, gc=False):
+    """``Resource.ScalarResources``: only the GPUs, milli-units; the other resources skipped."""
 
-    scalars: dict[str, float] | None = msgspec.field(default=None, name="ScalarResources")
-
-
-class MetadataView(msgspec.Struct):
-    """A Pod's ``metadata``: only its labels and annotations."""
-
-    labels: dict[str, str] | None = None
-    annotations: dict[str, str] | None = None
+    gpu_milli: float = msgspec.field(default=0.0, name=GPU_RESOURCE)
 
 
-class PodSpecView(msgspec.Struct):
+class ResourceView(msgspec.Struct, gc=False):
+    """Volcano's ``Resource``: only ``ScalarResources``."""
+
+    scalars: ScalarsView | None = msgspec.field(default=None, name="ScalarResources")
+
+
+class MarksView(msgspec.Struct, gc=False):
+    """The four keys tide reads of a Pod's labels or of its annotations; the others skipped.
+
+    A Pod carries a dozen labels and annotations; decoding them as a ``dict`` built two strings
+    for each, for four that are read.
+    """
+
+    job_name: str | None = msgspec.field(default=None, name=JOB_NAME_LABEL)
+    task_index: str | None = msgspec.field(default=None, name=TASK_INDEX_LABEL)
+    task_spec: str | None = msgspec.field(default=None, name=TASK_SPEC_LABEL)
+    preemptable: str | None = msgspec.field(default=None, name=PREEMPTABLE_LABEL)
+
+
+class MetadataView(msgspec.Struct, gc=False):
+    """A Pod's ``metadata``: only what tide reads of its labels and annotations."""
+
+    labels: MarksView | None = None
+    annotations: MarksView | None = None
+
+
+class PodSpecView(msgspec.Struct, gc=False):
     """A Pod's ``spec``: only ``terminationGracePeriodSeconds``, any JSON value (read leniently)."""
 
     grace: Any = msgspec.field(default=None, name="terminationGracePeriodSeconds")
 
 
-class PodView(msgspec.Struct):
+class PodView(msgspec.Struct, gc=False):
     """The Pod of a TaskInfo: its metadata and spec, nothing else decoded."""
 
     metadata: MetadataView | None = None
     spec: PodSpecView | None = None
 
 
-class TaskInfoView(msgspec.Struct):
+class TaskInfoView(msgspec.Struct, gc=False):
     """Volcano's ``TaskInfo``: the fields tide reads, each None when absent or null.
 
     ``Preemptable`` is True when absent (Volcano's default); a ``null`` there is ill-typed and

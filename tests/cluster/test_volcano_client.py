@@ -28,7 +28,7 @@ from scheduler_policy.adapters.volcano import (
     VolcanoClient,
     from_kubeconfig,
 )
-from scheduler_policy.engine.reconcile import observe
+from scheduler_policy.engine.reconcile import apply_changes, observe
 from scheduler_policy.vocabulary.errors import ConflictError
 from scheduler_policy.vocabulary.protocols import MetricsSample, ReplicaChange
 from scheduler_policy.vocabulary.state import (
@@ -359,6 +359,53 @@ def test_a_writer_that_changed_the_replicas_is_a_conflict(world, started):
     job = world.get("a")
     assert job["spec"]["tasks"][0]["replicas"] == 6
     assert MEMORY_ANNOTATION not in job["metadata"]["annotations"]
+
+
+def test_changes_are_written_at_once_and_a_conflict_among_them_stops_no_other(world, started):
+    names = [f"c{i:02d}" for i in range(12)]
+    for name in names:
+        world.job(name, replicas=2)
+    wait_for("the jobs", lambda: len(started.list_jobs()) == len(names))
+    # Another writer moves one job under the engine.
+    world.custom.patch_namespaced_custom_object(
+        *BATCH, world.ns, "jobs", "c05",
+        [{"op": "replace", "path": "/spec/tasks/0/replicas", "value": 6}],
+        _content_type="application/json-patch+json",
+    )  # fmt: skip
+    changes = [world.change(name, frm=2, to=3) for name in names]
+    assert started.max_concurrent_writes > 1
+
+    applied, failed = apply_changes(started, changes)
+
+    assert [c.job for c in applied] == [c.job for c in changes if not c.job.endswith("c05")]
+    assert [(c.job, "conflict" in why) for c, why in failed] == [(JobKey(f"{world.ns}/c05"), True)]
+    for name in names:
+        job = world.get(name)
+        replicas = job["spec"]["tasks"][0]["replicas"]
+        stored = job["metadata"]["annotations"].get(MEMORY_ANNOTATION)
+        if name == "c05":
+            assert (replicas, stored) == (6, None)
+        else:
+            assert (replicas, decode_memory(stored)) == (3, MEMORY)
+
+
+def test_a_job_tide_shrank_still_reports_its_asked_size_after_a_restart(world, started):
+    world.job("a", replicas=4)
+    world.running("a")
+    wait_for("the job", lambda: len(started.list_jobs()) == 1)
+    (before,) = started.list_jobs()
+    assert (before.current_replicas, before.requested_replicas) == (4, 4)
+    started.apply(world.change("a", frm=4, to=2, reason=Reason.SHRINK_FOR_PENDING_WORK))
+    started.stop()
+
+    restarted = world.client(watch=False)  # a new engine: all it knows is on the Job
+    (job,) = restarted.list_jobs()
+
+    assert (job.current_replicas, job.requested_replicas) == (2, 4)
+    assert (job.last_rescale_s, job.recommendations) == (
+        MEMORY.last_rescale_s,
+        MEMORY.recommendations,
+    )
 
 
 def test_a_job_without_the_elastic_annotation_is_never_written(world, started):

@@ -13,7 +13,9 @@ from scheduler_policy.adapters.memory_codec import (
     MAX_BYTES,
     MAX_RECOMMENDATIONS,
     MEMORY_ANNOTATION,
+    StoredMemory,
     decode_memory,
+    decode_stored,
     encode_memory,
     memory_from_annotations,
 )
@@ -42,10 +44,12 @@ def same_bits(a: JobMemory, b: JobMemory) -> bool:
     )
 
 
-@given(memories)
-def test_every_memory_within_the_bound_round_trips_exactly(memory):
-    value = encode_memory(memory, job="ns/a")
+@given(memories, st.none() | replicas)
+def test_every_memory_within_the_bound_round_trips_exactly(memory, asked):
+    value = encode_memory(memory, job="ns/a", requested_replicas=asked)
     assert len(value.encode()) <= MAX_BYTES
+    stored = decode_stored(value, job="ns/a")
+    assert same_bits(stored.memory, memory) and stored.requested_replicas == asked
     assert same_bits(decode_memory(value, job="ns/a"), memory)
 
 
@@ -56,7 +60,7 @@ def test_the_bound_holds_for_the_longest_values():
             Recommendation(-1.2345678901234567e-300, 2**31 - 1) for _ in range(MAX_RECOMMENDATIONS)
         ),
     )
-    value = encode_memory(worst)
+    value = encode_memory(worst, requested_replicas=2**31 - 1)
     assert MAX_BYTES - 1024 < len(value) <= MAX_BYTES  # the bound is tight, not a guess
 
 
@@ -96,9 +100,16 @@ def test_encode_refuses_what_it_cannot_write_naming_the_job(memory, message):
 CORRUPT = {
     "not-json": "{v:1",
     "a-list": "[1, 2]",
-    "unknown-version": '{"v":2,"recommendations":[]}',
+    "unknown-version": '{"v":3,"recommendations":[]}',
+    "version-a-string": '{"v":"2","recommendations":[]}',
+    "version-a-bool": '{"v":true,"recommendations":[]}',
     "no-version": '{"recommendations":[]}',
-    "unknown-field": '{"v":1,"extra":3}',
+    "unknown-field": '{"v":2,"extra":3}',
+    "version-1-with-the-asked-size": '{"v":1,"requestedReplicas":3}',
+    "asked-size-negative": '{"v":2,"requestedReplicas":-1}',
+    "asked-size-a-float": '{"v":2,"requestedReplicas":2.0}',
+    "asked-size-a-string": '{"v":2,"requestedReplicas":"4"}',
+    "asked-size-beyond-int32": '{"v":2,"requestedReplicas":2147483648}',
     "last-rescale-a-string": '{"v":1,"lastRescaleS":"soon"}',
     "last-rescale-nan": '{"v":1,"lastRescaleS":NaN}',
     "recommendations-a-dict": '{"v":1,"recommendations":{}}',
@@ -142,7 +153,7 @@ def decode_watching(value: str) -> tuple[JobMemory, list[logging.LogRecord]]:
 
 @given(
     memories.map(encode_memory).map(lambda v: v[: len(v) // 2])  # cut short
-    | memories.map(encode_memory).map(lambda v: v.replace('"v":1', '"v":"1"'))  # foreign
+    | memories.map(encode_memory).map(lambda v: v.replace('"v":2', '"v":"2"'))  # foreign
     | memories.map(encode_memory).map(lambda v: v.replace("recommendations", "recs"))
 )
 def test_a_corrupt_annotation_is_no_memory_and_one_warning_naming_the_job(value):
@@ -169,6 +180,46 @@ def test_an_absent_annotation_is_no_memory_without_a_warning(caplog):
 
 
 def test_the_value_is_compact_versioned_json():
-    value = encode_memory(JobMemory(1700000000.5, (Recommendation(1699999940.0, 4),)))
-    assert value == '{"v":1,"lastRescaleS":1700000000.5,"recommendations":[[1699999940.0,4]]}'
-    assert json.loads(value)["v"] == 1
+    memory = JobMemory(1700000000.5, (Recommendation(1699999940.0, 4),))
+    value = encode_memory(memory)
+    assert value == '{"v":2,"lastRescaleS":1700000000.5,"recommendations":[[1699999940.0,4]]}'
+    assert json.loads(value)["v"] == 2
+    assert encode_memory(memory, requested_replicas=6) == (
+        '{"v":2,"lastRescaleS":1700000000.5,"recommendations":[[1699999940.0,4]],'
+        '"requestedReplicas":6}'
+    )
+
+
+STORED_VALUES = {
+    "version 2 with the asked size": (
+        '{"v":2,"lastRescaleS":5.0,"recommendations":[[4.0,3]],"requestedReplicas":6}',
+        StoredMemory(JobMemory(5.0, (Recommendation(4.0, 3),)), 6),
+    ),
+    "version 2 without it": (
+        '{"v":2,"lastRescaleS":null,"recommendations":[]}', StoredMemory(JobMemory(), None),
+    ),
+    "version 2 with a null asked size": (
+        '{"v":2,"requestedReplicas":null}', StoredMemory(JobMemory(), None),
+    ),
+    "an old version 1 value still decodes, the asked size unknown": (
+        '{"v":1,"lastRescaleS":5.0,"recommendations":[[4.0,3]]}',
+        StoredMemory(JobMemory(5.0, (Recommendation(4.0, 3),)), None),
+    ),
+    "no annotation": (None, StoredMemory(JobMemory(), None)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("value", "stored"), STORED_VALUES.values(), ids=STORED_VALUES.keys())
+def test_the_stored_memory_and_asked_size_of_each_version(value, stored, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert decode_stored(value, job="ns/a") == stored
+        assert decode_memory(value, job="ns/a") == stored.memory
+    assert caplog.text == ""
+
+
+@pytest.mark.parametrize(
+    "asked", [-1, 2**31, 2.0, True], ids=["negative", "beyond-int32", "float", "bool"]
+)
+def test_encode_refuses_an_asked_size_it_cannot_write_naming_the_job(asked):
+    with pytest.raises(ValueError, match=r"job ns/a: requested_replicas must be an integer"):
+        encode_memory(JobMemory(), job="ns/a", requested_replicas=asked)

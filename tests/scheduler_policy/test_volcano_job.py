@@ -29,6 +29,8 @@ needs_wire = pytest.mark.skipif(
 RUNNING_SINCE_S = calendar.timegm((2026, 12, 1, 9, 8, 53))
 """vcjob-running.json's Running condition: 2026-12-01T09:08:53Z."""
 MEMORY = JobMemory(1700000000.25, (Recommendation(1699999940.5, 3),))
+V1_MEMORY = '{"v":1,"lastRescaleS":1700000000.25,"recommendations":[[1699999940.5,3]]}'
+"""``MEMORY`` as an engine wrote it before the asked size was stored (version 1)."""
 
 
 def recorded() -> dict:
@@ -125,6 +127,32 @@ CASES = {
     "corrupt-memory-is-no-memory-not-a-problem": (
         [annotate(**{MEMORY_ANNOTATION: "{oops"})],
         dict(last_rescale_s=None, recommendations=(), read_problems=()), None,
+    ),
+    # The asked size: the memory's, else the task's replicas while tide has never rescaled it.
+    "never-written-asks-its-replicas": ([], dict(requested_replicas=2), None),
+    "asked-size-from-the-memory": (
+        [annotate(**{MEMORY_ANNOTATION: encode_memory(MEMORY, requested_replicas=6)})],
+        dict(current_replicas=2, requested_replicas=6, last_rescale_s=MEMORY.last_rescale_s),
+        None,
+    ),
+    "memory-of-a-job-never-rescaled-asks-its-replicas": (
+        [annotate(**{MEMORY_ANNOTATION: encode_memory(JobMemory(None, MEMORY.recommendations))})],
+        dict(requested_replicas=2, last_rescale_s=None), None,
+    ),
+    "version-1-memory-of-a-rescaled-job-asked-size-unknown": (
+        [annotate(**{MEMORY_ANNOTATION: V1_MEMORY})],
+        dict(requested_replicas=None, last_rescale_s=MEMORY.last_rescale_s), None,
+    ),
+    "version-1-memory-of-a-job-never-rescaled-asks-its-replicas": (
+        [annotate(**{MEMORY_ANNOTATION: '{"v":1,"lastRescaleS":null,"recommendations":[]}'})],
+        dict(requested_replicas=2, last_rescale_s=None), None,
+    ),
+    "asked-size-of-the-scaling-task-not-another": (
+        [add_master, annotate(**{MEMORY_ANNOTATION: encode_memory(MEMORY, requested_replicas=5)})],
+        dict(task="worker", current_replicas=2, requested_replicas=5), None,
+    ),
+    "no-scaling-task-no-asked-size": (
+        [not_elastic_no_worker], dict(elastic=False, requested_replicas=None), None,
     ),
     "gpus-from-the-limit-alone": ([gpus(None, 2)], dict(gpus_per_replica=2.0), None),
     "gpus-in-milli-units": ([gpus("500m", None)], dict(gpus_per_replica=0.5), None),
@@ -246,13 +274,43 @@ def test_the_patch_scales_by_task_index_and_stores_the_memory():
         {"op": "test", "path": "/spec/tasks/0/replicas", "value": 2},
         {"op": "replace", "path": "/spec/tasks/0/replicas", "value": 4},
         {"op": "add", "path": "/metadata/annotations/tide.io~1memory",
-         "value": encode_memory(MEMORY)},
+         "value": encode_memory(MEMORY, requested_replicas=2)},
     ]  # fmt: skip
     after = read_job(apply_patch(obj, ops))
     assert after.state.current_replicas == 4
     assert (after.state.last_rescale_s, after.state.recommendations) == (
         MEMORY.last_rescale_s, MEMORY.recommendations,
     )  # fmt: skip
+    assert after.state.requested_replicas == 2  # the replicas asked before tide's change
+
+
+# The asked size a write stores: the one read, carried over every later write.
+ASKED_SIZE_WRITES = {
+    "the first write stores the replicas it starts from": (None, [4], 2),
+    "a later write keeps the stored asked size": (6, [4], 6),
+    "writes one after another keep the first asked size": (None, [4, 1, 3], 2),
+    "a version-1 memory of a rescaled job stays without one": (V1_MEMORY, [4], None),
+}
+
+
+@needs_wire
+@pytest.mark.parametrize(
+    ("stored", "targets", "asked"), ASKED_SIZE_WRITES.values(), ids=ASKED_SIZE_WRITES.keys()
+)
+def test_the_asked_size_survives_tides_own_writes(stored, targets, asked):
+    obj = recorded()
+    if isinstance(stored, int):
+        obj["metadata"]["annotations"][MEMORY_ANNOTATION] = encode_memory(
+            MEMORY, requested_replicas=stored
+        )
+    elif stored is not None:
+        obj["metadata"]["annotations"][MEMORY_ANNOTATION] = stored
+    for to in targets:
+        frm = read_job(obj).state.current_replicas
+        obj["metadata"].pop("resourceVersion", None)  # apply_patch does not bump it
+        obj = apply_patch(obj, replica_patch(read_job(obj), change(frm=frm, to=to)))
+        assert read_job(obj).state.current_replicas == to
+    assert read_job(obj).state.requested_replicas == asked
 
 
 @needs_wire

@@ -20,7 +20,12 @@ It never patches a PodGroup (Volcano's controller rewrites it from the Job) and 
 to a workload without the ``tide.io/elastic: "true"`` annotation.
 """
 
-from scheduler_policy.adapters.volcano.client import JSON_PATCH, VolcanoClient, from_kubeconfig
+from scheduler_policy.adapters.volcano.client import (
+    DEFAULT_MAX_CONCURRENT_WRITES,
+    JSON_PATCH,
+    VolcanoClient,
+    from_kubeconfig,
+)
 from scheduler_policy.adapters.volcano.counts import RequestCounts
 from scheduler_policy.adapters.volcano.errors import (
     JobNotFound,
@@ -31,6 +36,7 @@ from scheduler_policy.adapters.volcano.errors import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_CONCURRENT_WRITES",
     "JSON_PATCH",
     "JobNotFound",
     "NotElastic",

@@ -58,11 +58,19 @@ from scheduler_policy.vocabulary.state import (
     QueueState,
 )
 
-__all__ = ["JSON_PATCH", "VolcanoClient", "from_kubeconfig"]
+__all__ = ["DEFAULT_MAX_CONCURRENT_WRITES", "JSON_PATCH", "VolcanoClient", "from_kubeconfig"]
 
 logger = logging.getLogger(__name__)
 
 SCHEDULING = ("scheduling.volcano.sh", "v1beta1")
+
+DEFAULT_MAX_CONCURRENT_WRITES = 8
+"""Job patches in flight at once (``apply_changes`` runs that many threads). A write waits mostly
+on the API server (admission, etcd), so a few in flight overlap those waits: the first
+reconcile after a start stores 1,000 jobs' memories, one after another 20 s on 2 cores
+(BENCHMARKS.md). 8 writers and the 5 watches stay within the connections the ``kubernetes``
+client keeps by default (``connection_pool_maxsize``: 5 per core, 10 on 2 cores): more idle
+connections at once than that are closed, and the next round opens them again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +132,11 @@ class VolcanoClient:
         max_conflict_retries: times a write is rebuilt and sent again after the Job changed
             under it (while it still has the replicas the change was made from).
         watch_timeout_s: how long the server keeps one watch open before it is renewed.
+        max_concurrent_writes: Job patches ``apply_changes`` sends at once (its threads call
+            ``apply``, which is thread-safe); 1 writes one after another.
 
     Raises:
-        ValueError: ``max_conflict_retries`` is negative.
+        ValueError: ``max_conflict_retries`` is negative, or ``max_concurrent_writes`` < 1.
     """
 
     def __init__(
@@ -140,9 +150,17 @@ class VolcanoClient:
         component: str = "tide-engine",
         max_conflict_retries: int = 3,
         watch_timeout_s: float = 300.0,
+        max_concurrent_writes: int = DEFAULT_MAX_CONCURRENT_WRITES,
     ) -> None:
         if max_conflict_retries < 0:
             raise ValueError(f"max_conflict_retries must be >= 0, got {max_conflict_retries}")
+        if isinstance(max_concurrent_writes, bool) or not (
+            isinstance(max_concurrent_writes, int) and max_concurrent_writes >= 1
+        ):
+            raise ValueError(
+                f"max_concurrent_writes must be an integer >= 1, got {max_concurrent_writes!r}"
+            )
+        self._max_concurrent_writes = max_concurrent_writes
         self._custom = k8s.CustomObjectsApi(api_client)
         self._core = k8s.CoreV1Api(api_client)
         self._namespace = namespace
@@ -244,6 +262,11 @@ class VolcanoClient:
         """
         with self._callbacks_lock:
             self._callbacks.append(callback)
+
+    @property
+    def max_concurrent_writes(self) -> int:
+        """Job patches ``apply_changes`` may send at once (``apply`` is thread-safe)."""
+        return self._max_concurrent_writes
 
     def requests(self) -> RequestCounts:
         """The requests made so far, by kind."""
@@ -434,7 +457,12 @@ class VolcanoClient:
         return sum(p.gpus for p in self._pods.items() if p.terminating and p.holds_gpus)
 
     def apply(self, change: ReplicaChange) -> None:
-        """See base class, and ``write.JobWriter.apply`` for what is sent and raised."""
+        """See base class, and ``write.JobWriter.apply`` for what is sent and raised.
+
+        Thread-safe: ``apply_changes`` calls it from ``max_concurrent_writes`` threads at once
+        (the caches and counters it updates take their locks; the API client's connection pool
+        is shared by its threads).
+        """
         self._writer.apply(change)
 
     def flush_events(self, timeout_s: float) -> bool:

@@ -3,6 +3,7 @@ standard reader, agrees with that reader on every body, and leaves every fault t
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Any
 
@@ -152,8 +153,16 @@ SCHEMA_FAULTS = [
     ("a list", b"[]", msgspec.ValidationError),
     ("UID a number", b'{"UID": 1}', msgspec.ValidationError),
     ("Preemptable a string", b'{"Preemptable": "no"}', msgspec.ValidationError),
-    ("GPUs a string", b'{"Resreq": {"ScalarResources": {"g": "1"}}}', msgspec.ValidationError),
-    ("a label a number", b'{"Pod": {"metadata": {"labels": {"a": 1}}}}', msgspec.ValidationError),
+    (
+        "GPUs a string",
+        b'{"Resreq": {"ScalarResources": {"nvidia.com/gpu": "1"}}}',
+        msgspec.ValidationError,
+    ),
+    (
+        "a read label a number",
+        b'{"Pod": {"metadata": {"labels": {"volcano.sh/task-index": 1}}}}',
+        msgspec.ValidationError,
+    ),
 ]
 
 
@@ -171,6 +180,36 @@ def test_the_taskinfo_schema_reads_only_the_named_fields_and_defaults_the_rest()
     info = task_info(b'{"UID": "u", "Status": 3, "Pod": {"status": {"phase": "Running"}}}')
     assert (info.uid, info.podgroup, info.preemptable, info.resreq) == ("u", None, True, None)
     assert info.pod is not None and info.pod.metadata is None
+
+
+def test_the_taskinfo_schema_skips_the_labels_and_resources_it_does_not_read() -> None:
+    info = task_info(
+        b'{"Resreq": {"ScalarResources": {"pods": "x", "nvidia.com/gpu": 2000}},'
+        b' "Pod": {"metadata": {"labels": {"a": 1, "volcano.sh/job-name": "j"},'
+        b' "annotations": {"b": [2], "volcano.sh/task-index": "5"}}}}'
+    )
+    assert info.resreq is not None and info.resreq.scalars is not None
+    assert info.resreq.scalars.gpu_milli == 2000.0
+    assert info.pod is not None and info.pod.metadata is not None
+    labels, annotations = info.pod.metadata.labels, info.pod.metadata.annotations
+    assert labels is not None and (labels.job_name, labels.task_index) == ("j", None)
+    assert annotations is not None and (annotations.job_name, annotations.task_index) == (
+        None,
+        "5",
+    )
+
+
+def test_the_decoded_views_are_not_tracked_by_the_cyclic_collector() -> None:
+    # A 1,000-evictee body decodes ~5,000 of them; untracked, no collection walks them.
+    info = task_info(
+        b'{"UID": "u", "Resreq": {"ScalarResources": {}}, "Pod": {"metadata": {"labels": {},'
+        b' "annotations": {}}, "spec": {}}}'
+    )
+    assert info.pod is not None and info.pod.metadata is not None and info.resreq is not None
+    views = [info, info.resreq, info.resreq.scalars, info.pod, info.pod.metadata,
+             info.pod.metadata.labels, info.pod.metadata.annotations, info.pod.spec,
+             split_body(b'{"evictees": []}')]  # fmt: skip
+    assert [gc.is_tracked(view) for view in views] == [False] * len(views)
 
 
 def test_split_body_keeps_each_evictee_text_and_a_null_evictor() -> None:
