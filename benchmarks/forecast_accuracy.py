@@ -13,6 +13,14 @@ the queues and no more than 2% worse on any, coverage within [0.87, 0.94] on eve
 Also times one engine fit per queue (a
 ``PeakForecaster`` on the whole minute series, 30-minute horizon). ``--json`` writes every
 score record, then the summary records.
+
+``--oracle`` scores instead the evidence of what is within reach on this data, at the same
+origins (the tide evaluation is skipped; ``--json`` writes the oracle's records): an
+oracle forecaster (tide's, with the same fit, recalibration and choice) told in addition the
+exact future departures over the horizon (the falls of the demand path minute by minute, so
+also those of jobs that arrive and leave within it: more than the departures of the running
+work alone) but not the arrivals; and the coverage floor of each queue, the share of origins
+whose demand is zero now and over the whole horizon (any forecast >= 0 covers them).
 """
 
 from __future__ import annotations
@@ -25,12 +33,21 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from scheduler_policy.models.demand_grid import Target
+from scheduler_policy.models.demand_grid import (
+    DAY_S,
+    DemandGrid,
+    FloatArray,
+    Target,
+    features,
+    recent_peak,
+    target,
+)
 from scheduler_policy.models.forecast_eval import NAIVE_QUANTILE_MODELS, evaluate_series
-from scheduler_policy.models.peak_forecast import PeakForecaster
+from scheduler_policy.models.peak_forecast import PeakForecaster, conformal_offset, pinball
 from simulations.demand_series import read_helios
 
 HELIOS = Path(__file__).resolve().parents[1].parent / "shared/traces/helios-artifact/earth_vcs"
@@ -40,12 +57,67 @@ PINBALL_WORST = 0.02  # no more than 2% above it on any queue
 COVERAGE_BAND = (0.87, 0.94)
 
 
-Unit = tuple[Path, list[float], list[Target], float, float]
+Unit = tuple[Path, list[float], list[Target], float, float, bool]
+ORACLE_OFFSETS_MIN = (1, 2, 5, 10, 15, 20, 25, 30)
 
 
-def _one(unit: Unit) -> tuple[str, list[dict[str, object]], float]:
-    path, horizons, targets, quantile, test_days = unit
+def departures_table(grid: DemandGrid, *, horizon_steps: int) -> FloatArray:
+    """The oracle's extra inputs at each origin: GPUs that leave in the next 1, 2, 5, ... 30
+    minutes (the sum of the demand's falls after the origin; look-ahead by design)."""
+    x = grid.gpus
+    falls = np.concatenate([np.maximum(-np.diff(x), 0.0), np.zeros(horizon_steps + 1)])
+    total = np.concatenate([[0.0], np.cumsum(falls)])
+    index = np.arange(x.size)
+    ahead = [min(grid.steps(m * 60.0), horizon_steps) for m in ORACLE_OFFSETS_MIN]
+    cols = [total[index + k] - total[index] for k in ahead]
+    return np.column_stack(cols)
+
+
+def oracle_scores(
+    grid: DemandGrid, *, quantile: float, test_days: float, horizon_s: float = TARGET_HORIZON_S
+) -> dict[str, float]:
+    """Pinball and coverage of the departures oracle, the naive quantile baselines and the
+    coverage floor, on ``evaluate_series``'s origins (refit daily, every 10 minutes)."""
+    h = grid.steps(horizon_s)
+    n = grid.size
+    table = np.hstack([features(grid, horizon_steps=h), departures_table(grid, horizon_steps=h)])
+    goal = target(grid, horizon_steps=h, kind=Target.PEAK)
+    peak = recent_peak(grid, horizon_steps=h)
+    start = n - grid.steps(test_days * DAY_S)
+    refit, stride = grid.steps(DAY_S), grid.steps(600.0)
+    at, oracle, residual, chosen = [], [], [], []
+    for fit_at in range(start, n - h, refit):
+        block = np.arange(fit_at, min(fit_at + refit, n - h), stride)
+        if block.size == 0:
+            continue
+        forecaster = PeakForecaster(quantile=quantile, horizon_s=horizon_s, step_s=grid.step_s)
+        forecaster.fit_grid(grid, end=fit_at + 1, table=table)
+        chosen.append(forecaster.choice_.value)
+        at.append(block)
+        oracle.append(forecaster.predict_index(block))
+        known = np.arange(0, fit_at + 1 - h)
+        shift = conformal_offset(goal[known] - grid.gpus[known], quantile)
+        residual.append(np.maximum(grid.gpus[block] + shift, 0.0))
+    origins = np.concatenate(at)
+    actual = goal[origins]
+    forecasts = {
+        "oracle_departures": np.concatenate(oracle),
+        "persistence_residual": np.concatenate(residual),
+        "recent_peak": peak[origins],
+    }
+    out = {f"pinball_{m}": pinball(actual, f, quantile) for m, f in forecasts.items()}
+    out |= {f"coverage_{m}": float(np.mean(actual <= f + 1e-9)) for m, f in forecasts.items()}
+    # Zero now and over the whole horizon: covered by any forecast >= 0.
+    out["coverage_floor"] = float(np.mean((actual == 0) & (grid.gpus[origins] == 0)))
+    out["oracle_model_share"] = chosen.count("model") / len(chosen)
+    return out
+
+
+def _one(unit: Unit) -> tuple[str, list[dict[str, object]], float, dict[str, float] | None]:
+    path, horizons, targets, quantile, test_days, with_oracle = unit
     name, grid = read_helios(path)
+    if with_oracle:
+        return name, [], 0.0, oracle_scores(grid, quantile=quantile, test_days=test_days)
     evaluation = evaluate_series(
         grid,
         name=name,
@@ -57,7 +129,7 @@ def _one(unit: Unit) -> tuple[str, list[dict[str, object]], float]:
     started = time.perf_counter()
     PeakForecaster(quantile=quantile, horizon_s=TARGET_HORIZON_S).fit_grid(grid, end=grid.size)
     fit_s = time.perf_counter() - started
-    return name, [s.record() for s in evaluation.scores], fit_s
+    return name, [s.record() for s in evaluation.scores], fit_s, None
 
 
 def main() -> None:
@@ -68,6 +140,9 @@ def main() -> None:
     parser.add_argument("--quantile", type=float, default=0.9)
     parser.add_argument("--test-days", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--oracle", action="store_true", help="score the departures oracle (the bound) instead"
+    )
     args = parser.parse_args()
     paths = sorted(HELIOS.glob("*/cluster_sequence_vc.csv"))
     if not paths:
@@ -78,11 +153,16 @@ def main() -> None:
     targets = [Target(t) for t in args.targets.split(",")]
     if Target.PEAK not in targets:
         targets.append(Target.PEAK)
-    units = [(p, horizons, targets, args.quantile, args.test_days) for p in paths]
+    units = [(p, horizons, targets, args.quantile, args.test_days, args.oracle) for p in paths]
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(pool.map(_one, units))
-    records = [r for _, rs, _ in results for r in rs]
-    fit_s = {name: f for name, _, f in results}
+    if args.oracle:
+        oracle = _oracle_table(Console(width=140), results, args.quantile)
+        if args.json is not None:
+            args.json.write_text(json.dumps(oracle, indent=1) + "\n")
+        return
+    records = [r for _, rs, _, _ in results for r in rs]
+    fit_s = {name: f for name, _, f, _ in results}
 
     def value(series: str, model: str, metric: str) -> float:
         for r in records:
@@ -96,7 +176,7 @@ def main() -> None:
                 "naive coverage", "fit s"):  # fmt: skip
         table.add_column(col, justify="right")
     ratios, coverages, summary = [], [], []
-    for name, _, _ in results:
+    for name, _, _, _ in results:
         naive = {m: value(name, m, "pinball") for m in NAIVE_QUANTILE_MODELS}
         best = min(naive, key=lambda m: naive[m])
         tide = value(name, "tide", "pinball")
@@ -130,6 +210,44 @@ def main() -> None:
                     "unit": "ratio", "series": "all"})  # fmt: skip
     if args.json is not None:
         args.json.write_text(json.dumps(records + summary, indent=1) + "\n")
+
+
+def _oracle_table(
+    console: Console,
+    results: list[tuple[str, list[dict[str, object]], float, dict[str, float] | None]],
+    quantile: float,
+) -> list[dict[str, object]]:
+    """The bound: the departures oracle against the best naive baseline, and the coverage floor."""
+    table = Table(title=f"the departures oracle, peak target, 30 min, q = {quantile}")
+    for col in ("queue", "oracle pinball", "best naive", "(model)", "ratio", "oracle coverage",
+                "coverage floor", "oracle's model served"):  # fmt: skip
+        table.add_column(col, justify="right")
+    ratios, out = [], []
+    for name, _, _, o in results:
+        assert o is not None
+        naive = {m: o[f"pinball_{m}"] for m in NAIVE_QUANTILE_MODELS}
+        best = min(naive, key=lambda m: naive[m])
+        ratio = o["pinball_oracle_departures"] / naive[best] if naive[best] > 0 else 1.0
+        ratios.append(ratio)
+        table.add_row(
+            name, f"{o['pinball_oracle_departures']:.4f}", f"{naive[best]:.4f}", best,
+            f"{ratio:.3f}", f"{o['coverage_oracle_departures']:.3f}",
+            f"{o['coverage_floor']:.3f}", f"{o['oracle_model_share']:.0%}",
+        )  # fmt: skip
+        out += [
+            {"metric": "oracle_pinball_vs_best_naive", "value": round(ratio, 4),
+             "unit": "ratio", "series": name, "best_naive": best},
+            {"metric": "oracle_coverage", "value": round(o["coverage_oracle_departures"], 4),
+             "unit": "ratio", "series": name},
+            {"metric": "coverage_floor", "value": round(o["coverage_floor"], 4),
+             "unit": "ratio", "series": name},
+        ]  # fmt: skip
+    console.print(table)
+    mean = statistics.fmean(ratios)
+    console.print(f"oracle: mean pinball ratio {mean:.3f}; worst {max(ratios):.3f}")
+    out.append({"metric": "oracle_pinball_vs_best_naive_mean", "value": round(mean, 4),
+                "unit": "ratio", "series": "all"})  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":
