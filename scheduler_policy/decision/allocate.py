@@ -5,11 +5,11 @@ Pure and vectorised over all jobs at once (numpy), so 10,000 jobs decide in mill
 Each job starts at its minimum. A job's k-th replica is an *increment* worth
 ``value = (X(k) / X(k−1) − 1) / gpus_per_replica``, its relative speedup per GPU under the job's
 fitted scaling curve X, divided by the job's expected remaining time under the default
-``completionTime`` objective (shortest remaining time first). X is first replaced by its least
-concave majorant over [min, max] (``concave_envelope``), so values are non-increasing in k and
-taking increments in order of value never takes a job's (k+1)-th replica before its k-th; a dip
-followed by a rise (a node added, whose sync the next replicas amortise) is bridged, where a
-running minimum of the values would stop growth at the dip.
+``completionTime`` objective (shortest remaining time first). Where a job's relative gains rise
+somewhere in k (a dip followed by a rise: a node added, whose sync the next replicas amortise),
+X is first replaced by its least concave majorant over [min, max] (``bridge_dips``), so values
+are non-increasing in k and taking increments in order of value never takes a job's (k+1)-th
+replica before its k-th; a running minimum of the values would stop growth at the dip.
 
 Increments a job holds (k ≤ its scheduled replicas) come first: a running replica is given up
 when its queue's budget cannot hold it, or for a replica another job of its queue asks for and
@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_policy.decision.budget import QueueBudget
-from scheduler_policy.decision.envelope import concave_envelope
+from scheduler_policy.decision.envelope import bridge_dips
 from scheduler_policy.decision.job_table import JobTable
 from scheduler_policy.decision.ranking import best_first, by_group_best_first
 from scheduler_policy.decision.trade import grow_after_trade, ranked_prefix, trade
@@ -153,7 +153,7 @@ def allocate(
     k = lo[:, None] + steps[None, :]  # the replica count each increment reaches
     valid = steps[None, :] <= (hi - lo)[:, None]
     x_all = _curve(table, lo[:, None] + np.arange(width + 1, dtype=np.float64)[None, :])
-    x_all = concave_envelope(x_all, (hi - lo).astype(np.int64))
+    x_all = bridge_dips(x_all, (hi - lo).astype(np.int64))
     x_prev, x_new = x_all[:, :-1], x_all[:, 1:]  # before and after each increment
     existing = k <= cur[:, None]
 

@@ -17,19 +17,47 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-# Cells of the (row, a, b) cube computed at once: bounds memory at ~16 MB a chunk.
-_CHUNK_CELLS = 2_000_000
+
+def bridge_dips(x: FloatArray, widths: IntArray) -> FloatArray:
+    """Each row of ``x`` whose relative gains ``x[k] / x[k − 1] − 1`` rise somewhere (what the
+    allocator ranks, so a running minimum of them would stop at the dip) replaced by its least
+    concave majorant; every other row as it is, bit for bit.
+
+    A row left as it is may still have slightly rising increments (the prior's curve inside a
+    node): its relative gains fall, and the allocator's ranking needs no more. On a replaced row
+    the relative gains fall too: the majorant's increments do not rise and its values do.
+
+    Args:
+        x: curves, one row per job, at replica counts min, min + 1, ...; > 0 where finite.
+        widths: how many increments of each row are valid (max − min).
+
+    Returns:
+        The curves, the shape of ``x``.
+    """
+    if x.shape[1] < 3:
+        return x.copy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gain = x[:, 1:] / x[:, :-1] - 1.0
+    cols = np.arange(gain.shape[1])
+    valid = (cols[None, :] < widths[:, None]) & np.isfinite(gain)
+    both = valid[:, 1:] & valid[:, :-1]
+    rises = both & (gain[:, 1:] > gain[:, :-1] + 1e-12 * np.abs(gain[:, :-1]))
+    rows = np.flatnonzero(rises.any(axis=1) & (x[:, 0] > 0))
+    out = x.copy()
+    if len(rows) > 0:
+        out[rows] = concave_envelope(x[rows], widths[rows])
+    return out
 
 
 def concave_envelope(x: FloatArray, widths: IntArray) -> FloatArray:
     """The least concave majorant of each row of ``x`` over its first ``widths + 1`` points.
 
     Row i is a curve sampled at unit steps, ``x[i, 0..widths[i]]``; the rest of the row is
-    past the job's maximum and is returned unchanged. The majorant's slopes are the
-    non-increasing (antitonic) regression of the curve's increments ``d`` with equal weights
-    (Grenander's construction), given by the min-max formula
-    ``slope(j) = min over a ≤ j of max over b ≥ j of mean(d[a..b])``. Only rows whose
-    increments rise somewhere are computed (O(width²) each); a concave row is returned as it
+    past the job's maximum and is returned unchanged. The majorant is the upper convex hull of
+    the points, interpolated linearly between its vertices (its slopes are the non-increasing
+    regression of the curve's increments). The hull is Andrew's monotone chain, run on all
+    rows at once, one column at a time: O(width) vectorised steps plus one per point popped.
+    Only rows whose increments rise somewhere are computed; a concave row is returned as it
     is, bit for bit.
 
     Args:
@@ -48,32 +76,40 @@ def concave_envelope(x: FloatArray, widths: IntArray) -> FloatArray:
     valid = cols[None, :] < widths[:, None]
     rises = valid[:, 1:] & valid[:, :-1] & (d[:, 1:] > d[:, :-1] + 1e-12 * np.abs(d[:, :-1]))
     rows = np.flatnonzero(rises.any(axis=1))
-    if len(rows) == 0:
-        return out
-    # Rows in chunks of at most ~2M cells of the (row, a, b) cube, so memory stays bounded.
-    chunk = max(1, _CHUNK_CELLS // (d.shape[1] * d.shape[1]))
-    for start in range(0, len(rows), chunk):
-        part = rows[start : start + chunk]
-        out[part] = _envelope_rows(x[part], d[part], valid[part])
+    if len(rows) > 0:
+        out[rows] = _hull_rows(x[rows], widths[rows])
     return out
 
 
-def _envelope_rows(x: FloatArray, d: FloatArray, valid: BoolArray) -> FloatArray:
-    """``concave_envelope`` of rows ``x`` with increments ``d``, valid where ``valid``."""
-    cols = np.arange(d.shape[1])
-    csum = np.cumsum(np.where(valid, d, 0.0), axis=1)
-    csum = np.concatenate((np.zeros((len(x), 1)), csum), axis=1)
-    a, b = cols[:, None], cols[None, :]
-    # mean[r, a, b] = mean of d[a..b] for a ≤ b ≤ the row's last valid increment, else -inf.
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = (csum[:, None, 1:] - csum[:, :-1, None]) / (b - a + 1.0)
-    mean = np.where((b >= a)[None] & valid[:, None, :], mean, -np.inf)
-    # Max over b ≥ j (a reverse running max along b), then min over a ≤ j.
-    upper = np.maximum.accumulate(mean[:, :, ::-1], axis=2)[:, :, ::-1]
-    slope = np.where((a <= b)[None], upper, np.inf).min(axis=1)
-    env = x.copy()
+def _hull_rows(y: FloatArray, widths: IntArray) -> FloatArray:
+    """``concave_envelope`` of rows ``y`` (every one computed)."""
+    count, size = y.shape
+    row = np.arange(count)
+    stack = np.zeros((count, size), dtype=np.int64)  # each row's hull vertices so far
+    length = np.zeros(count, dtype=np.int64)
+    for j in range(size):
+        active = np.flatnonzero(j <= widths)
+        cand = active[length[active] >= 2]  # rows that may pop, fewer each pass
+        while len(cand):
+            a, b = stack[cand, length[cand] - 2], stack[cand, length[cand] - 1]
+            ya, yb = y[cand, a], y[cand, b]
+            # b on or below the chord a → j: not a vertex of the upper hull.
+            pop = (yb - ya) * (j - a) <= (y[cand, j] - ya) * (b - a)
+            cand = cand[pop]
+            length[cand] -= 1
+            cand = cand[length[cand] >= 2]
+        stack[active, length[active]] = j
+        length[active] += 1
+    vertex = np.zeros((count, size), dtype=bool)
+    held = np.arange(size)[None, :] < length[:, None]
+    vertex[np.repeat(row, length), stack[held]] = True
+    col = np.arange(size)
+    left = np.maximum.accumulate(np.where(vertex, col, 0), axis=1)
+    right = np.minimum.accumulate(np.where(vertex, col, size - 1)[:, ::-1], axis=1)[:, ::-1]
+    yl, yr = np.take_along_axis(y, left, axis=1), np.take_along_axis(y, right, axis=1)
+    span = np.maximum(right - left, 1)
+    env = yl + (yr - yl) * (col[None, :] - left) / span
+    env = np.where(vertex, y, env)
     # Past the maximum the row keeps its own points (they are never valid increments).
-    env[:, 1:] = np.where(
-        valid, x[:, :1] + np.cumsum(np.where(valid, slope, 0.0), axis=1), x[:, 1:]
-    )
-    return env
+    result: FloatArray = np.where(col[None, :] <= widths[:, None], env, y)
+    return result
