@@ -32,10 +32,10 @@ def bridge_dips(x: FloatArray, widths: IntArray) -> FloatArray:
         widths: how many increments of each row are valid (max − min).
 
     Returns:
-        The curves, the shape of ``x``.
+        The curves, the shape of ``x``; ``x`` itself when no row is bridged.
     """
     if x.shape[1] < 3:
-        return x.copy()
+        return x
     with np.errstate(divide="ignore", invalid="ignore"):
         gain = x[:, 1:] / x[:, :-1] - 1.0
     cols = np.arange(gain.shape[1])
@@ -43,10 +43,51 @@ def bridge_dips(x: FloatArray, widths: IntArray) -> FloatArray:
     both = valid[:, 1:] & valid[:, :-1]
     rises = both & (gain[:, 1:] > gain[:, :-1] + 1e-12 * np.abs(gain[:, :-1]))
     rows = np.flatnonzero(rises.any(axis=1) & (x[:, 0] > 0))
+    if len(rows) == 0:
+        return x  # the same array: nothing was bridged
     out = x.copy()
-    if len(rows) > 0:
-        out[rows] = concave_envelope(x[rows], widths[rows])
+    out[rows] = concave_envelope(x[rows], widths[rows])
     return out
+
+
+def stop_outside_dips(
+    targets: FloatArray,
+    *,
+    lo: FloatArray,
+    held: FloatArray,
+    curve: FloatArray,
+    envelope: FloatArray,
+) -> FloatArray:
+    """Targets that grew into a bridged dip, lowered to the fastest size on the way there.
+
+    The allocator ranks a bridge's replicas at the envelope's gains, which only the whole
+    bridge earns: a target inside it (X below the envelope) may run slower than a smaller
+    size. Such a growth stops at the size in [held, target] with the most throughput (the
+    smallest of equals), never below the replicas held.
+
+    Args:
+        targets: replicas per job.
+        lo: each job's minimum (column 0 of ``curve``).
+        held: replicas each job holds now.
+        curve: each job's throughput at min, min + 1, ...
+        envelope: ``bridge_dips`` of ``curve``.
+
+    Returns:
+        The targets, lowered where they ended inside a dip.
+    """
+    col = (targets - lo).astype(np.int64)
+    row = np.arange(len(targets))
+    inside = envelope > curve + 1e-9 * np.abs(curve)
+    stuck = np.flatnonzero(inside[row, col] & (targets > held))
+    if len(stuck) == 0:
+        return targets
+    cols = np.arange(curve.shape[1])[None, :]
+    start = np.clip(held[stuck] - lo[stuck], 0, None)[:, None]
+    span = (cols >= start) & (cols <= col[stuck][:, None])
+    best = np.argmax(np.where(span, curve[stuck], -np.inf), axis=1)
+    lowered = targets.copy()
+    lowered[stuck] = np.maximum(lo[stuck] + best, held[stuck])
+    return lowered
 
 
 def concave_envelope(x: FloatArray, widths: IntArray) -> FloatArray:

@@ -46,19 +46,26 @@ PART_FILLED = tuple((n, -(-n // 8), _usl(n)) for n in (1, 2, 4, 8, 12, 16, 24, 3
 NEVER_BETTER = ((1, 1, 100.0), (2, 1, 196.0), (4, 1, 377.0), (8, 1, 700.0),
                 (16, 2, 640.0), (32, 4, 690.0))  # fmt: skip
 
-# (measured points, replicas now, expected target) on four 8-GPU nodes, 24 GPUs free
+# (measured points, replicas now, expected target, GPUs the queue may hold) on four 8-GPU nodes
 SCENARIOS = {
     # Fitted at full nodes only, X(17) < X(16): the running minimum stopped growth at 16.
-    "full-node-fit-grows-past-the-node-boundary-to-32": (FULL_NODES, 8, 32),
-    "full-node-fit-from-16-grows-to-32": (FULL_NODES, 16, 32),
-    "part-filled-node-fit-grows-to-32": (PART_FILLED, 8, 32),
-    "cross-node-never-better-stays-on-one-node": (NEVER_BETTER, 8, 8),
+    "full-node-fit-grows-past-the-node-boundary-to-32": (FULL_NODES, 8, 32, 32.0),
+    "full-node-fit-from-16-grows-to-32": (FULL_NODES, 16, 32, 32.0),
+    "part-filled-node-fit-grows-to-32": (PART_FILLED, 8, 32, 32.0),
+    "cross-node-never-better-stays-on-one-node": (NEVER_BETTER, 8, 8, 32.0),
+    # 17 GPUs fund only the bridge's first replica, and X(17) < X(16): growth stops at 16.
+    "part-of-the-bridge-stops-at-16": (FULL_NODES, 8, 16, 17.0),
+    "part-of-the-bridge-from-16-stays": (FULL_NODES, 16, 16, 17.0),
+    # 20 GPUs fund a part that already runs faster than 16 (X(18) > X(16)): kept.
+    "a-faster-part-of-the-bridge-is-kept": (FULL_NODES, 8, 20, 20.0),
 }
 
 
-@pytest.mark.parametrize(("points", "current", "expected"), SCENARIOS.values(), ids=list(SCENARIOS))
+@pytest.mark.parametrize(
+    ("points", "current", "expected", "capability"), SCENARIOS.values(), ids=list(SCENARIOS)
+)
 def test_growth_across_a_node_boundary(
-    points: tuple[tuple[int, int, float], ...], current: int, expected: int
+    points: tuple[tuple[int, int, float], ...], current: int, expected: int, capability: float
 ) -> None:
     nodes = tuple(
         NodeState(name=f"n{i}", allocatable_gpus=8.0, free_gpus=8.0 if 8 * i >= current else 0.0)
@@ -67,7 +74,7 @@ def test_growth_across_a_node_boundary(
     observation = dataclasses.replace(
         make_observation(
             _measured(points, current=current),
-            queues=(make_queue(capability=32.0),),
+            queues=(make_queue(capability=capability),),
             free=32.0 - current,
         ),
         nodes=nodes,
