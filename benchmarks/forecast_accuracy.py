@@ -13,6 +13,18 @@ the queues and no more than 2% worse on any, coverage within [0.87, 0.94] on eve
 Also times one engine fit per queue (a
 ``PeakForecaster`` on the whole minute series, 30-minute horizon). ``--json`` writes every
 score record, then the summary records.
+
+``--oracle`` scores instead the evidence of what is within reach on this data, at the same
+origins (the tide evaluation is skipped; ``--json`` writes the oracles' records): two oracle
+forecasters (tide's, with the same fit, recalibration and choice) told more about the future
+than the engine can know, but never the arrivals. The series has no per-job records, so the
+departures of the work running at the origin are bracketed: the *departures* oracle is told
+every fall of the demand over the horizon (also those of short jobs that arrive and leave
+within it, which tells it of those arrivals: more than the running work's departures), the
+*surviving* oracle how much of the running work survives were the newest jobs the first to
+leave (the running minimum of the future demand: a rise before a fall hides the fall). And
+the coverage floor of each queue, the share of origins whose demand is zero now and over the
+whole horizon (any forecast >= 0 covers them).
 """
 
 from __future__ import annotations
@@ -25,12 +37,22 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
 from rich.console import Console
 from rich.table import Table
 
-from scheduler_policy.models.demand_grid import Target
+from scheduler_policy.models.demand_grid import (
+    DAY_S,
+    DemandGrid,
+    FloatArray,
+    Target,
+    features,
+    recent_peak,
+    target,
+)
 from scheduler_policy.models.forecast_eval import NAIVE_QUANTILE_MODELS, evaluate_series
-from scheduler_policy.models.peak_forecast import PeakForecaster
+from scheduler_policy.models.peak_forecast import PeakForecaster, conformal_offset, pinball
 from simulations.demand_series import read_helios
 
 HELIOS = Path(__file__).resolve().parents[1].parent / "shared/traces/helios-artifact/earth_vcs"
@@ -40,12 +62,100 @@ PINBALL_WORST = 0.02  # no more than 2% above it on any queue
 COVERAGE_BAND = (0.87, 0.94)
 
 
-Unit = tuple[Path, list[float], list[Target], float, float]
+Unit = tuple[Path, list[float], list[Target], float, float, bool]
+ORACLE_OFFSETS_MIN = (1, 2, 5, 10, 15, 20, 25, 30)
 
 
-def _one(unit: Unit) -> tuple[str, list[dict[str, object]], float]:
-    path, horizons, targets, quantile, test_days = unit
+def departures_table(grid: DemandGrid, *, horizon_steps: int) -> FloatArray:
+    """The generous oracle's extra inputs at each origin: GPUs that leave in the next 1, 2, 5,
+    ... 30 minutes (the sum of the demand's falls after the origin; look-ahead by design). It
+    counts the departures of jobs that arrive within the horizon too (short jobs: Helios' median
+    GPU job runs 234 s), and so learns of those arrivals: more than the running work's
+    departures."""
+    x = grid.gpus
+    falls = np.concatenate([np.maximum(-np.diff(x), 0.0), np.zeros(horizon_steps + 1)])
+    total = np.concatenate([[0.0], np.cumsum(falls)])
+    index = np.arange(x.size)
+    ahead = [min(grid.steps(m * 60.0), horizon_steps) for m in ORACLE_OFFSETS_MIN]
+    return np.column_stack([total[index + k] - total[index] for k in ahead])
+
+
+def surviving_table(grid: DemandGrid, *, horizon_steps: int) -> FloatArray:
+    """The strict oracle's extra inputs: how far the running work has fallen 1, 2, 5, ... 30
+    minutes on, were the newest jobs always the first to leave (then the work running at the
+    origin falls only when the demand drops below its level: the running minimum of the future
+    demand, capped at the demand now). It tells no rise, but a rise before a fall hides the
+    fall: less than the running work's departures where both come."""
+    x = grid.gpus
+    n = x.size
+    padded = np.concatenate([x, np.full(horizon_steps + 1, x[-1])])
+    low = x.copy()
+    ahead = {min(grid.steps(m * 60.0), horizon_steps) for m in ORACLE_OFFSETS_MIN}
+    cols: dict[int, FloatArray] = {}
+    for k in range(1, horizon_steps + 1):
+        low = np.minimum(low, padded[k : k + n])
+        if k in ahead:
+            cols[k] = low - x
+    return np.column_stack(
+        [cols[min(grid.steps(m * 60.0), horizon_steps)] for m in ORACLE_OFFSETS_MIN]
+    )
+
+
+ORACLES = {"oracle_departures": departures_table, "oracle_surviving": surviving_table}
+
+
+def oracle_scores(
+    grid: DemandGrid, *, quantile: float, test_days: float, horizon_s: float = TARGET_HORIZON_S
+) -> dict[str, float]:
+    """Pinball and coverage of the departures oracle, the naive quantile baselines and the
+    coverage floor, on ``evaluate_series``'s origins (refit daily, every 10 minutes)."""
+    h = grid.steps(horizon_s)
+    n = grid.size
+    base = features(grid, horizon_steps=h)
+    tables = {
+        name: np.hstack([base, extra(grid, horizon_steps=h)]) for name, extra in ORACLES.items()
+    }
+    goal = target(grid, horizon_steps=h, kind=Target.PEAK)
+    peak = recent_peak(grid, horizon_steps=h)
+    start = n - grid.steps(test_days * DAY_S)
+    refit, stride = grid.steps(DAY_S), grid.steps(600.0)
+    at: list[npt.NDArray[np.int64]] = []
+    residual: list[FloatArray] = []
+    served: dict[str, list[FloatArray]] = {name: [] for name in ORACLES}
+    chosen: list[str] = []
+    for fit_at in range(start, n - h, refit):
+        block = np.arange(fit_at, min(fit_at + refit, n - h), stride)
+        if block.size == 0:
+            continue
+        for name, table in tables.items():
+            forecaster = PeakForecaster(quantile=quantile, horizon_s=horizon_s, step_s=grid.step_s)
+            forecaster.fit_grid(grid, end=fit_at + 1, table=table)
+            chosen.append(forecaster.choice_.value)
+            served[name].append(forecaster.predict_index(block))
+        at.append(block)
+        known = np.arange(0, fit_at + 1 - h)
+        shift = conformal_offset(goal[known] - grid.gpus[known], quantile)
+        residual.append(np.maximum(grid.gpus[block] + shift, 0.0))
+    origins = np.concatenate(at)
+    actual = goal[origins]
+    forecasts = {
+        **{name: np.concatenate(values) for name, values in served.items()},
+        "persistence_residual": np.concatenate(residual),
+        "recent_peak": peak[origins],
+    }
+    out = {f"pinball_{m}": pinball(actual, f, quantile) for m, f in forecasts.items()}
+    out |= {f"coverage_{m}": float(np.mean(actual <= f + 1e-9)) for m, f in forecasts.items()}
+    # Zero now and over the whole horizon: covered by any forecast >= 0.
+    out["coverage_floor"] = float(np.mean((actual == 0) & (grid.gpus[origins] == 0)))
+    out["oracle_model_share"] = chosen.count("model") / len(chosen)  # both oracles' fits
+    return out
+
+
+def _one(unit: Unit) -> tuple[str, list[dict[str, object]], float, dict[str, float] | None]:
+    path, horizons, targets, quantile, test_days, with_oracle = unit
     name, grid = read_helios(path)
+    if with_oracle:
+        return name, [], 0.0, oracle_scores(grid, quantile=quantile, test_days=test_days)
     evaluation = evaluate_series(
         grid,
         name=name,
@@ -57,7 +167,7 @@ def _one(unit: Unit) -> tuple[str, list[dict[str, object]], float]:
     started = time.perf_counter()
     PeakForecaster(quantile=quantile, horizon_s=TARGET_HORIZON_S).fit_grid(grid, end=grid.size)
     fit_s = time.perf_counter() - started
-    return name, [s.record() for s in evaluation.scores], fit_s
+    return name, [s.record() for s in evaluation.scores], fit_s, None
 
 
 def main() -> None:
@@ -68,6 +178,9 @@ def main() -> None:
     parser.add_argument("--quantile", type=float, default=0.9)
     parser.add_argument("--test-days", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--oracle", action="store_true", help="score the departures oracle (the bound) instead"
+    )
     args = parser.parse_args()
     paths = sorted(HELIOS.glob("*/cluster_sequence_vc.csv"))
     if not paths:
@@ -78,11 +191,16 @@ def main() -> None:
     targets = [Target(t) for t in args.targets.split(",")]
     if Target.PEAK not in targets:
         targets.append(Target.PEAK)
-    units = [(p, horizons, targets, args.quantile, args.test_days) for p in paths]
+    units = [(p, horizons, targets, args.quantile, args.test_days, args.oracle) for p in paths]
     with ProcessPoolExecutor(args.workers) as pool:
         results = list(pool.map(_one, units))
-    records = [r for _, rs, _ in results for r in rs]
-    fit_s = {name: f for name, _, f in results}
+    if args.oracle:
+        oracle = _oracle_table(Console(width=140), results, args.quantile)
+        if args.json is not None:
+            args.json.write_text(json.dumps(oracle, indent=1) + "\n")
+        return
+    records = [r for _, rs, _, _ in results for r in rs]
+    fit_s = {name: f for name, _, f, _ in results}
 
     def value(series: str, model: str, metric: str) -> float:
         for r in records:
@@ -96,7 +214,7 @@ def main() -> None:
                 "naive coverage", "fit s"):  # fmt: skip
         table.add_column(col, justify="right")
     ratios, coverages, summary = [], [], []
-    for name, _, _ in results:
+    for name, _, _, _ in results:
         naive = {m: value(name, m, "pinball") for m in NAIVE_QUANTILE_MODELS}
         best = min(naive, key=lambda m: naive[m])
         tide = value(name, "tide", "pinball")
@@ -130,6 +248,46 @@ def main() -> None:
                     "unit": "ratio", "series": "all"})  # fmt: skip
     if args.json is not None:
         args.json.write_text(json.dumps(records + summary, indent=1) + "\n")
+
+
+def _oracle_table(
+    console: Console,
+    results: list[tuple[str, list[dict[str, object]], float, dict[str, float] | None]],
+    quantile: float,
+) -> list[dict[str, object]]:
+    """The bound: each oracle against the best naive baseline, and the coverage floor."""
+    table = Table(title=f"oracles, peak target, 30 min, q = {quantile}: pinball / best naive")
+    for col in ("queue", "best naive", "(model)", "departures oracle", "coverage",
+                "surviving oracle", "coverage", "coverage floor", "model served"):  # fmt: skip
+        table.add_column(col, justify="right")
+    ratios: dict[str, list[float]] = {name: [] for name in ORACLES}
+    out: list[dict[str, object]] = []
+    for series, _, _, o in results:
+        assert o is not None
+        naive = {m: o[f"pinball_{m}"] for m in NAIVE_QUANTILE_MODELS}
+        best = min(naive, key=lambda m: naive[m])
+        cells = []
+        for name in ORACLES:
+            ratio = o[f"pinball_{name}"] / naive[best] if naive[best] > 0 else 1.0
+            ratios[name].append(ratio)
+            cells += [f"{ratio:.3f}", f"{o[f'coverage_{name}']:.3f}"]
+            out += [
+                {"metric": "pinball_vs_best_naive", "value": round(ratio, 4), "unit": "ratio",
+                 "model": name, "series": series, "best_naive": best},
+                {"metric": "coverage", "value": round(o[f"coverage_{name}"], 4),
+                 "unit": "ratio", "model": name, "series": series},
+            ]  # fmt: skip
+        out.append({"metric": "coverage_floor", "value": round(o["coverage_floor"], 4),
+                    "unit": "ratio", "series": series})  # fmt: skip
+        table.add_row(series, f"{naive[best]:.4f}", best, *cells, f"{o['coverage_floor']:.3f}",
+                      f"{o['oracle_model_share']:.0%}")  # fmt: skip
+    console.print(table)
+    for name, values in ratios.items():
+        mean = statistics.fmean(values)
+        console.print(f"{name}: mean pinball ratio {mean:.3f}; worst {max(values):.3f}")
+        out.append({"metric": "pinball_vs_best_naive_mean", "value": round(mean, 4),
+                    "unit": "ratio", "model": name, "series": "all"})  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

@@ -24,7 +24,10 @@ Exported:
   forecast covered; ``tide_forecast_pinball_gpus{queue_name, model}``: the held-out pinball loss
   of each candidate (``model``, ``recent_peak``) on the queue's recent history;
   ``tide_forecast_model{queue_name, model}``: 1 for the candidate the queue's headroom follows, 0
-  for the other.
+  for the other; ``tide_forecast_fit_failures_total{queue_name}``: forecaster fits that failed
+  (the previous fit, or the recent peak, kept serving); ``tide_forecast_fit_duration_seconds
+  {queue_name}``: how long each queue's last finished fit took (in the background in
+  ``tide engine``).
 - ``tide_job_goodput_batch_size{namespace, volcano_job}`` and
   ``tide_job_goodput_iterations_per_second{...}``: for each job whose curve is its goodput (it
   adapts its batch), the global batch its workers are predicted to take at the target
@@ -241,7 +244,21 @@ class EngineMetrics(Collector):
             for name, choice in sorted(accuracy.forecast_choice.items()):
                 for model in ("model", "recent_peak"):
                     served.add_metric([name, model], 1.0 if model == choice else 0.0)
-            families += [error, coverage, pinball, served]
+            failed = CounterMetricFamily(
+                "tide_forecast_fit_failures",
+                "Forecaster fits that failed, per queue (the previous fit kept serving).",
+                labels=queue_labels,
+            )
+            for name, count in sorted(accuracy.forecast_fit_failures.items()):
+                failed.add_metric([name], float(count))
+            fit_time = GaugeMetricFamily(
+                "tide_forecast_fit_duration_seconds",
+                "How long each queue's last finished forecaster fit took.",
+                labels=queue_labels,
+            )
+            for name, seconds in sorted(accuracy.forecast_fit_duration_s.items()):
+                fit_time.add_metric([name], seconds)
+            families += [error, coverage, pinball, served, failed, fit_time]
             families.append(
                 GaugeMetricFamily(
                     "tide_last_reconcile_timestamp_seconds",

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from scheduler_policy.decision.pipeline import Plan
 from scheduler_policy.engine.reconcile import observe, reconcile
 from scheduler_policy.engine.trigger import reconcile_trigger, seen_gangs
 from scheduler_policy.extender import DEFAULT_GRACE_MARGIN_S, Extender, ExtenderView
@@ -84,6 +85,8 @@ class TideController:
     Attributes:
         grace_margin_s: the extender's margin over a pod's grace period (its save-and-exit
             time here), seconds.
+        last_plan: the last reconcile's plan (budgets, headroom, forecasts), for benchmarks
+            that follow them; None before the first.
     """
 
     policy: ElasticPolicy
@@ -93,6 +96,7 @@ class TideController:
     decisions: int = 0
     grace_margin_s: float = DEFAULT_GRACE_MARGIN_S
     extender: Extender | None = None
+    last_plan: Plan | None = None
     _seen: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -107,6 +111,7 @@ class TideController:
             metrics=cluster, cluster=cluster, policy=self.policy, now_s=now_s, models=self.models
         )
         self.decisions += len(result.decisions)
+        self.last_plan = result.plan
         self._seen = seen_gangs(result.observation)
         if self.extender is not None and result.plan is not None:
             self.extender.update(

@@ -5,9 +5,13 @@ Pure and vectorised over all jobs at once (numpy), so 10,000 jobs decide in mill
 Each job starts at its minimum. A job's k-th replica is an *increment* worth
 ``value = (X(k) / X(k−1) − 1) / gpus_per_replica``, its relative speedup per GPU under the job's
 fitted scaling curve X, divided by the job's expected remaining time under the default
-``completionTime`` objective (shortest remaining time first). Within a job, values are made
-non-increasing in k (a running minimum), so taking increments in order of value never takes a
-job's (k+1)-th replica before its k-th.
+``completionTime`` objective (shortest remaining time first). Where a job's relative gains rise
+somewhere in k (a dip followed by a rise: a node added, whose sync the next replicas amortise),
+X is first replaced by its least concave majorant over [min, max] (``bridge_dips``), so values
+are non-increasing in k and taking increments in order of value never takes a job's (k+1)-th
+replica before its k-th; a running minimum of the values would stop growth at the dip. Growth
+that would end inside a bridged dip (the budget funds only part of the bridge) stops at the
+fastest size on the way (``stop_outside_dips``): a part of a bridge may be slower than its start.
 
 Increments a job holds (k ≤ its scheduled replicas) come first: a running replica is given up
 when its queue's budget cannot hold it, or for a replica another job of its queue asks for and
@@ -35,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from scheduler_policy.decision.budget import QueueBudget
+from scheduler_policy.decision.envelope import bridge_dips, stop_outside_dips
 from scheduler_policy.decision.job_table import JobTable
 from scheduler_policy.decision.ranking import best_first, by_group_best_first
 from scheduler_policy.decision.trade import grow_after_trade, ranked_prefix, trade
@@ -149,7 +154,8 @@ def allocate(
     steps = np.arange(1, width + 1, dtype=np.float64)
     k = lo[:, None] + steps[None, :]  # the replica count each increment reaches
     valid = steps[None, :] <= (hi - lo)[:, None]
-    x_all = _curve(table, lo[:, None] + np.arange(width + 1, dtype=np.float64)[None, :])
+    x_raw = _curve(table, lo[:, None] + np.arange(width + 1, dtype=np.float64)[None, :])
+    x_all = bridge_dips(x_raw, (hi - lo).astype(np.int64))
     x_prev, x_new = x_all[:, :-1], x_all[:, 1:]  # before and after each increment
     existing = k <= cur[:, None]
 
@@ -186,6 +192,8 @@ def allocate(
             owed = (beyond > 0)[:, None] & (k <= table.requested[:, None])
             rank_s = np.where(owed, rank_s / (1.0 + beyond)[:, None], rank_s)
         per_gpu = per_gpu / np.maximum(rank_s, 60.0)
+    # Non-increasing already (the envelope's relative gains fall with k, and aging divides a
+    # prefix); the running minimum only irons out rounding.
     value = np.minimum.accumulate(np.where(valid, per_gpu, -np.inf), axis=1)
     saved_s = np.where(x_prev > 0, saved_s, np.inf)
     worth = saved_s > table.restart_cost_s[:, None]
@@ -317,6 +325,8 @@ def allocate(
         accepted[undone] = before_trade[undone]
     given = kept & ~accepted
     targets = lo + np.bincount(rows[accepted], minlength=count)
+    if x_all is not x_raw:
+        targets = stop_outside_dips(targets, lo=lo, held=cur, curve=x_raw, envelope=x_all)
     t_int = targets.astype(np.int64)
     traded_jobs = None
     if traded:

@@ -8,7 +8,12 @@ when it has run at a (replicas, nodes) the last fit had not seen, when the clust
 changed, or when ``refit_s`` has passed since the last fit. Each refit first scores the previous fit
 on the newest point (``ModelAccuracy.scaling_prediction_error``). The node size is the largest
 node's allocatable GPUs in the observation, else ``default_gpus_per_node``. A queue's forecaster is
-refitted when ``refit_s`` has passed or its quantile or horizon changed. Both can be rebuilt from
+refitted when ``refit_s`` has passed since the last fit was asked for, or its quantile or horizon
+changed. The fit runs where ``fitter`` runs it (``forecast_fit``): inline by default (the
+simulator: the new fit serves at once), or on a background worker (``tide engine``). Until a fit
+of the queue's settings has finished, the queue's headroom follows the recent peak (the most
+demand over the last horizon); after, the last good fit serves until the next one is ready, and a
+failed fit is logged and counted while the old one stays. Both models can be rebuilt from
 Prometheus history, so the cache lives in memory only.
 """
 
@@ -20,12 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from scheduler_policy.models.curve import JobCurve
+from scheduler_policy.models.forecast_fit import FitRequest, ForecastFitter, InlineFitter
 from scheduler_policy.models.goodput_fit import GoodputFits
 from scheduler_policy.models.node_scaling import SYNC_TERMS, NodeScalingModel, design
-from scheduler_policy.models.peak_forecast import PeakForecaster
+from scheduler_policy.models.peak_forecast import ForecastChoice, PeakForecaster
 from scheduler_policy.policy.spec import ElasticPolicy, Headroom
 from scheduler_policy.vocabulary.errors import ModelFitError
 from scheduler_policy.vocabulary.state import (
+    DemandPoint,
     JobKey,
     JobPhase,
     JobState,
@@ -70,10 +77,10 @@ class _FittedCurve:
 
 @dataclass(slots=True)
 class _FittedForecast:
-    fitted_at_s: float
+    fitted_at_s: float  # when the fit was asked for (its history ends there)
     quantile: float
     horizon_s: float
-    forecaster: PeakForecaster | None  # None: the fit failed; no headroom until the next
+    forecaster: PeakForecaster
     reason: str
 
 
@@ -92,8 +99,10 @@ class ModelAccuracy:
         forecast_gpus: per queue, the latest forecast peak demand.
         forecast_pinball_gpus: per queue scored on held-out history, each candidate's
             held-out pinball loss ("model", "recent_peak"), GPUs.
-        forecast_choice: per queue with a forecaster, the forecast it serves ("model" or
-            "recent_peak").
+        forecast_choice: per queue with a forecast, the forecast it serves ("model" or
+            "recent_peak"; "recent_peak" also before its first fit has finished).
+        forecast_fit_failures: per queue, forecaster fits that failed so far.
+        forecast_fit_duration_s: per queue, how long its last finished fit took, seconds.
     """
 
     scaling_relative_error: dict[JobKey, float]
@@ -102,6 +111,8 @@ class ModelAccuracy:
     forecast_pinball_gpus: dict[QueueName, dict[str, float]] = field(default_factory=dict)
     forecast_choice: dict[QueueName, str] = field(default_factory=dict)
     scaling_prediction_error: dict[JobKey, float] = field(default_factory=dict)
+    forecast_fit_failures: dict[QueueName, int] = field(default_factory=dict)
+    forecast_fit_duration_s: dict[QueueName, float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -111,13 +122,14 @@ class ModelCache:
     Attributes:
         refit_s: least time between two refits when nothing new was measured.
         curve_fits: scaling-model fits done so far.
-        forecast_fits: forecaster fits done so far.
+        forecast_fits: forecaster fits finished so far (failed ones included).
         forecast_holdout: kept for callers of the earlier forecaster; every forecaster is now
             scored on its recent history (the same fit), so this changes nothing.
         default_gpus_per_node: the node size sizes are packed on when the observation lists
             no nodes.
         goodput: the adaptive-batch jobs' goodput fits; a job it has a curve for gets that
             curve instead of its throughput curve (``scheduler_policy.models.goodput_fit``).
+        fitter: where forecaster fits run (``InlineFitter``: at once, in the reconcile).
     """
 
     refit_s: float = 600.0
@@ -126,10 +138,16 @@ class ModelCache:
     forecast_holdout: bool = False
     default_gpus_per_node: float = 8.0
     goodput: GoodputFits = field(default_factory=GoodputFits)
+    fitter: ForecastFitter = field(default_factory=InlineFitter)
     _curves: dict[JobKey, _FittedCurve] = field(default_factory=dict)
     _forecasts: dict[QueueName, _FittedForecast] = field(default_factory=dict)
     _priors: dict[tuple[float, float], JobCurve] = field(default_factory=dict)
     _last_forecast: dict[QueueName, float] = field(default_factory=dict)
+    _asked: dict[QueueName, tuple[float, float, float]] = field(default_factory=dict)
+    _reasons: dict[QueueName, str] = field(default_factory=dict)
+    _fit_failures: dict[QueueName, int] = field(default_factory=dict)
+    _fit_errors: dict[QueueName, str] = field(default_factory=dict)
+    _fit_duration_s: dict[QueueName, float] = field(default_factory=dict)
 
     def prior_curve(
         self, *, gpus_per_replica: float = 1.0, gpus_per_node: float = math.inf
@@ -186,9 +204,7 @@ class ModelCache:
             for queue in observation.queues
             if queue.name in managed
         }
-        reasons = {
-            name: self._forecasts[name].reason for name in forecasts if name in self._forecasts
-        }
+        reasons = {name: self._reasons[name] for name in forecasts if name in self._reasons}
         return Fits(
             curves=curves, failures=failures, forecast_gpus=forecasts, forecast_reasons=reasons
         )
@@ -254,47 +270,70 @@ class ModelCache:
         quantile = headroom.forecast_quantile
         if quantile is None or not queue.demand_history:
             return 0.0
-        cached = self._forecasts.get(queue.name)
-        if (
-            cached is None
-            or now_s - cached.fitted_at_s >= self.refit_s
-            or cached.quantile != quantile
-            or cached.horizon_s != headroom.horizon_s
+        name = queue.name
+        self._collect(name)
+        asked = self._asked.get(name)
+        due = (
+            asked is None
+            or now_s - asked[0] >= self.refit_s
+            or asked[1:] != (quantile, headroom.horizon_s)
+        )
+        if due and not self.fitter.in_flight(name):
+            request = FitRequest(name, quantile, headroom.horizon_s, now_s, queue.demand_history)
+            if self.fitter.submit(request):
+                # Remembered when asked, so a failed fit is retried at the next refit time.
+                self._asked[name] = (now_s, quantile, headroom.horizon_s)
+                self._collect(name)  # an inline fit has finished already
+        cached = self._forecasts.get(name)
+        if cached is not None and (cached.quantile, cached.horizon_s) == (
+            quantile,
+            headroom.horizon_s,
         ):
-            forecaster: PeakForecaster | None
-            try:
-                forecaster = PeakForecaster(
-                    quantile=quantile, horizon_s=headroom.horizon_s
-                ).fit_points(queue.demand_history)
-                reason = forecaster.reason_
-            except (ModelFitError, ValueError) as e:
-                # Remembered like a fit, so the next try (and warning) waits for the refit time.
-                logger.warning(
-                    "queue %s: demand forecast failed, no headroom until the next refit: %s",
-                    queue.name,
-                    e,
-                )
-                forecaster = None
-                reason = f"no forecast until the next refit: {e}"
-            self.forecast_fits += 1
-            cached = _FittedForecast(now_s, quantile, headroom.horizon_s, forecaster, reason)
-            self._forecasts[queue.name] = cached
-        if cached.forecaster is None:
-            self._last_forecast[queue.name] = 0.0
-            return 0.0
-        gpus = max(0.0, float(cached.forecaster.forecast_at(now_s)))
-        self._last_forecast[queue.name] = gpus
+            gpus = max(0.0, float(cached.forecaster.forecast_at(now_s)))
+            self._reasons[name] = cached.reason
+        else:
+            gpus = _recent_peak_gpus(queue.demand_history, horizon_s=headroom.horizon_s)
+            why = self._fit_errors.get(name)
+            self._reasons[name] = (
+                f"recent peak over the last {headroom.horizon_s / 60:.0f} min, not recalibrated: "
+                + ("the fit is still running" if why is None else f"the last fit failed: {why}")
+            )
+        self._last_forecast[name] = gpus
         return gpus
+
+    def _collect(self, name: QueueName) -> None:
+        """Take the queue's finished fit, if any: a good one serves from now, a failed one is
+        logged and counted and the previous fit stays."""
+        outcome = self.fitter.take(name)
+        if outcome is None:
+            return
+        self.forecast_fits += 1
+        self._fit_duration_s[name] = outcome.duration_s
+        request = outcome.request
+        if outcome.forecaster is None:
+            self._fit_failures[name] = self._fit_failures.get(name, 0) + 1
+            self._fit_errors[name] = outcome.error or "unknown error"
+            kept = "the previous fit stays" if name in self._forecasts else "the recent peak serves"
+            logger.warning("%s; %s until the next refit", outcome.error, kept)
+            return
+        self._fit_errors.pop(name, None)
+        self._forecasts[name] = _FittedForecast(
+            request.asked_s,
+            request.quantile,
+            request.horizon_s,
+            outcome.forecaster,
+            outcome.forecaster.reason_,
+        )
 
     def accuracy(self) -> ModelAccuracy:
         """The cached models' own accuracy and the latest forecasts (no fit is done)."""
         coverage: dict[QueueName, float] = {}
         pinball: dict[QueueName, dict[str, float]] = {}
         choice: dict[QueueName, str] = {}
+        for name in self._last_forecast:
+            choice[name] = ForecastChoice.RECENT_PEAK.value  # until a fit serves
         for name, fitted in self._forecasts.items():
             forecaster = fitted.forecaster
-            if forecaster is None:
-                continue
             choice[name] = forecaster.choice_.value
             if forecaster.holdout_coverage_ is not None:
                 coverage[name] = float(forecaster.holdout_coverage_)
@@ -311,6 +350,8 @@ class ModelCache:
             forecast_gpus=dict(self._last_forecast),
             forecast_pinball_gpus=pinball,
             forecast_choice=choice,
+            forecast_fit_failures=dict(self._fit_failures),
+            forecast_fit_duration_s=dict(self._fit_duration_s),
         )
 
     def forget(self, keep: set[JobKey]) -> None:
@@ -318,6 +359,14 @@ class ModelCache:
         for key in [k for k in self._curves if k not in keep]:
             del self._curves[key]
         self.goodput.forget(keep)
+
+
+def _recent_peak_gpus(points: tuple[DemandPoint, ...], *, horizon_s: float) -> float:
+    """The most demand over the last ``horizon_s`` of ``points`` (oldest first), GPUs: the
+    forecast before any fit, as the fallback forecast reads it (``demand_grid.recent_peak``)."""
+    newest_s = points[-1].time_s
+    recent = [p.gpus for p in points if p.time_s > newest_s - horizon_s]
+    return max(0.0, max(recent, default=points[-1].gpus))
 
 
 def _prior_time(model: NodeScalingModel, replicas: float) -> float:

@@ -40,6 +40,7 @@ from scheduler_policy.engine.reconcile import (
 )
 from scheduler_policy.engine.trigger import MIN_GAP_S, reconcile_trigger, seen_gangs
 from scheduler_policy.models.cache import ModelCache
+from scheduler_policy.models.forecast_fit import BackgroundFitter, ForecastFitter
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.protocols import ClusterClient, MetricsSource, ReplicaChange
 from scheduler_policy.vocabulary.state import JobState, NodeState, PendingGang, QueueState
@@ -197,6 +198,8 @@ class EngineService:
         wall: the clock decisions are made at, seconds since the epoch.
         monotonic: the clock the loop paces itself on.
         on_round: called after each successful round (the extender's view is updated here).
+        forecast_fitter: where queues' forecasters are fitted; a ``BackgroundFitter`` (one
+            worker thread, so a reconcile never waits for a fit) when none is given.
     """
 
     def __init__(
@@ -212,6 +215,7 @@ class EngineService:
         wall: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         on_round: Callable[[Round], None] | None = None,
+        forecast_fitter: ForecastFitter | None = None,
     ) -> None:
         if not math.isfinite(min_gap_s) or min_gap_s < 0:
             raise ValueError(f"min_gap_s: must be a non-negative number, got {min_gap_s}")
@@ -221,7 +225,10 @@ class EngineService:
         self.engine_metrics = engine_metrics
         self.min_gap_s = min_gap_s
         self.policies = PolicyWatcher(policy_path)
-        self.models = ModelCache()
+        # Forecaster fits take seconds per queue: on a worker, the previous fit (or the recent
+        # peak, before the first) serving meanwhile. The simulator fits inline (deterministic).
+        self._fitter = forecast_fitter if forecast_fitter is not None else BackgroundFitter()
+        self.models = ModelCache(fitter=self._fitter)
         self._make_metrics = make_metrics
         self._metrics: MetricsSource | None = None
         self._metrics_for: tuple[object, float] | None = None
@@ -461,7 +468,11 @@ class EngineService:
         return True
 
     def close(self) -> None:
-        """Release the metrics source (its connections and threads); call after ``stop``."""
+        """Release the metrics source (its connections and threads) and the forecast fitter's
+        worker; call after ``stop``."""
+        close_fitter = getattr(self._fitter, "close", None)
+        if callable(close_fitter):
+            close_fitter()
         source, self._metrics, self._metrics_for = self._metrics, None, None
         close = getattr(source, "close", None)
         if callable(close):
