@@ -6,9 +6,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
-import numpy.typing as npt
-
 from scheduler_policy.decision.budget import QueueBudget
 from scheduler_policy.decision.placement import GangFit
 from scheduler_policy.policy.spec import Defaults
@@ -18,17 +15,16 @@ from scheduler_policy.vocabulary.state import JobKey, JobState, PendingGang, Que
 @dataclass(frozen=True, slots=True)
 class DecisionBatch:
     """What the messages of one round's decisions are made from, as columns (one per job), and
-    the budget of each queue. The columns may be numpy arrays: only a message read converts its
-    entries."""
+    the budget of each queue."""
 
     reasons: Sequence[Reason]
     jobs: Sequence[JobState]
-    targets: Sequence[int] | npt.NDArray[np.int64]
-    recommended: Sequence[int] | npt.NDArray[np.int64]
-    gains: Sequence[float] | npt.NDArray[np.float64]
-    next_gains: Sequence[float] | npt.NDArray[np.float64]
+    targets: Sequence[int]
+    recommended: Sequence[int]
+    gains: Sequence[float]
+    next_gains: Sequence[float]
     budgets: Mapping[QueueName, QueueBudget]
-    measured: Sequence[bool] | npt.NDArray[np.bool_]
+    measured: Sequence[bool]
     defaults: Defaults
 
     def render(self, index: int) -> str:
@@ -37,13 +33,13 @@ class DecisionBatch:
         return decision_message(
             self.reasons[index],
             job=job,
-            target=int(self.targets[index]),
-            recommended=int(self.recommended[index]),
-            gain=float(self.gains[index]),
-            next_gain=float(self.next_gains[index]),
+            target=self.targets[index],
+            recommended=self.recommended[index],
+            gain=self.gains[index],
+            next_gain=self.next_gains[index],
             budget=self.budgets[job.queue],
             defaults=self.defaults,
-            measured=bool(self.measured[index]),
+            measured=self.measured[index],
         )
 
 

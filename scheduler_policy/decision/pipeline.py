@@ -328,11 +328,11 @@ def _decisions_and_changes(
         reasons=reasons,
         jobs=table.jobs,
         targets=targets,
-        recommended=allocation.targets,
-        gains=allocation.gains,
-        next_gains=allocation.next_gains,
+        recommended=allocation.targets.tolist(),
+        gains=allocation.gains.tolist(),
+        next_gains=allocation.next_gains.tolist(),
         budgets=settled.budgets.queues,
-        measured=table.measured,
+        measured=table.measured.tolist(),
         defaults=policy.defaults,
     )
     # tuple.__new__ builds the named tuples from each row in C, without a Python-level call of
