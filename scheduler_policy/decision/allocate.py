@@ -95,6 +95,18 @@ def _curve(t: JobTable, n: FloatArray) -> FloatArray:
     return t.throughput(n)
 
 
+def _curve_at(table: JobTable, x_all: FloatArray, n: FloatArray, lo: FloatArray) -> FloatArray:
+    """Each job's throughput at ``n`` replicas (one count per job): read from ``x_all``, the
+    curves at lo, lo + 1, ... (one row per job), where it has that count, else computed (the same
+    arithmetic on the same figures, so the same values)."""
+    col = (n - lo).astype(np.int64)
+    inside = (col >= 0) & (col < x_all.shape[1])
+    x = x_all[np.arange(len(n)), np.where(inside, col, 0)]
+    if not inside.all():
+        x = np.where(inside, x, _curve(table, n[:, None])[:, 0])
+    return x
+
+
 def allocate(
     table: JobTable,
     *,
@@ -161,7 +173,7 @@ def allocate(
 
     # Time saved by the k-th replica over the remaining run, against the restart it costs:
     # remaining work W = T·X(cur) in curve units, saved = W·(1/X(k−1) − 1/X(k)).
-    x_cur = _curve(table, np.maximum(cur, 1.0)[:, None])[:, 0]
+    x_cur = _curve_at(table, x_all, np.maximum(cur, 1.0), lo)
     age_s = (
         np.full(count, np.nan)
         if now_s is None
@@ -342,8 +354,8 @@ def allocate(
                 Reason.LIMITED_BY_RATE if h else r
                 for r, h in zip(reasons, held_back.tolist(), strict=True)
             )
-    x_target = _curve(table, np.maximum(targets, 1.0)[:, None])[:, 0]
-    x_next = _curve(table, (targets + 1.0)[:, None])[:, 0]
+    x_target = _curve_at(table, x_all, np.maximum(targets, 1.0), lo)
+    x_next = _curve_at(table, x_all, targets + 1.0, lo)
     with np.errstate(divide="ignore", invalid="ignore"):
         gains = np.where(x_cur > 0, x_target / x_cur - 1.0, 0.0)
         next_gains = np.where(x_target > 0, x_next / x_target - 1.0, 0.0)

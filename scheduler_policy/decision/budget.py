@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
-from scheduler_policy.decision.job_table import BoolArray, FloatArray, IntArray, JobTable
+from scheduler_policy.decision.job_table import (
+    PHASE_CODES,
+    BoolArray,
+    FloatArray,
+    IntArray,
+    JobColumns,
+    JobTable,
+)
 from scheduler_policy.decision.pending import (
     idle_gpus,
     pending_gpus,
@@ -29,6 +36,7 @@ from scheduler_policy.policy.spec import ElasticPolicy, QueuePolicy
 from scheduler_policy.vocabulary.state import (
     GPU_EPSILON,
     JobPhase,
+    JobState,
     Observation,
     QueueName,
     QueueState,
@@ -128,9 +136,22 @@ def _tally(
     table: JobTable,
     forecast_gpus: Mapping[QueueName, float],
     forecast_reasons: Mapping[QueueName, str],
+    columns: JobColumns | None = None,
 ) -> _Tally:
     """Sum the observation's jobs per queue, once per decision (see ``_Tally``)."""
-    pending = pending_gpus(observation)
+    candidates: Sequence[JobState] = observation.jobs  # the jobs that are not planned for
+    waiting = None  # the pending elastic jobs
+    if columns is not None and table.rows is not None:
+        # Found for every job at once: the loops below then visit only the few that count.
+        others = np.ones(len(columns.jobs), dtype=bool)
+        others[table.rows] = False
+        phase = columns.phase
+        pending_phase = phase == PHASE_CODES.index(JobPhase.PENDING)
+        gone = np.isin(phase, [PHASE_CODES.index(p) for p in _GONE])
+        pick = columns.jobs.__getitem__
+        candidates = list(map(pick, np.flatnonzero(others & ~gone & ~pending_phase).tolist()))
+        waiting = list(map(pick, np.flatnonzero(columns.elastic & pending_phase).tolist()))
+    pending = pending_gpus(observation, jobs=waiting)
     # The planned elastic jobs, from the table's columns (a job with no replicas and no other
     # GPUs holds nothing): their non-elastic pods, the GPUs their replicas hold (replicas still
     # waiting for GPUs hold none: counting them would shrink a running job to make room that is
@@ -147,8 +168,8 @@ def _tally(
     elastic_used = per_queue(table.held * table.gpus_per_replica)
     elastic_min = per_queue(table.min_replicas * table.gpus_per_replica)
     # Everything else that runs is non-elastic work (held elastic jobs included).
-    planned = set(table.keys)
-    for job in observation.jobs:
+    planned = set(table.keys) if candidates else set()
+    for job in candidates:
         # The planned jobs, most of them, are skipped first, by key: hashing a JobPhase for
         # ``_GONE`` is a Python-level call.
         if job.key in planned or job.phase in _GONE or job.phase is JobPhase.PENDING:
@@ -310,6 +331,7 @@ def plan_budgets(
     table: JobTable,
     forecast_gpus: Mapping[QueueName, float],
     forecast_reasons: Mapping[QueueName, str] | None = None,
+    columns: JobColumns | None = None,
 ) -> Budgets:
     """The budgets phase: every budget of one decision, in one value.
 
@@ -319,6 +341,8 @@ def plan_budgets(
         table: the jobs the allocator plans for (their GPUs are not counted as non-elastic).
         forecast_gpus: forecast peak non-elastic demand per queue (the fit phase's).
         forecast_reasons: per queue, which forecast it follows and why (the fit phase's).
+        columns: ``observation.jobs`` as columns, the ones ``table`` was built from
+            (``JobTable.from_columns``); None to look at every job one by one.
 
     Returns:
         The budgets, before anything is known of what the queues give back this round.
@@ -329,6 +353,7 @@ def plan_budgets(
         table=table,
         forecast_gpus=forecast_gpus,
         forecast_reasons=forecast_reasons or {},
+        columns=columns,
     )
     queues = _queue_budgets(tally, released=None)
     # Headroom is kept free of every queue's growth, not only its own queue's: a borrowing

@@ -8,7 +8,7 @@ observation.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 import numpy.typing as npt
@@ -22,7 +22,9 @@ from scheduler_policy.vocabulary.state import (
 )
 
 
-def pending_gpus(observation: Observation) -> dict[QueueName, float]:
+def pending_gpus(
+    observation: Observation, *, jobs: Iterable[JobState] | None = None
+) -> dict[QueueName, float]:
     """GPUs each queue's pending work needs to start.
 
     That is the queue's pending non-elastic requests plus the gang minimum of each of its
@@ -31,12 +33,14 @@ def pending_gpus(observation: Observation) -> dict[QueueName, float]:
 
     Args:
         observation: the cluster now.
+        jobs: the jobs of ``observation`` that may be pending elastic jobs, in its order (the
+            others add nothing); None for all of them.
 
     Returns:
         GPUs per queue.
     """
     pending = {q.name: q.pending_nonelastic_gpus for q in observation.queues}
-    for job in observation.jobs:
+    for job in observation.jobs if jobs is None else jobs:
         waiting = job.elastic and job.phase is JobPhase.PENDING and job.queue in pending
         if waiting and not job.spec_problems():
             pending[job.queue] += start_gpus(job)

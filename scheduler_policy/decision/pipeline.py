@@ -28,7 +28,7 @@ import numpy as np
 
 from scheduler_policy.decision.allocate import Allocation, allocate
 from scheduler_policy.decision.budget import Budgets, QueueBudget, plan_budgets
-from scheduler_policy.decision.job_table import BoolArray, JobTable
+from scheduler_policy.decision.job_table import BoolArray, IntArray, JobTable
 from scheduler_policy.decision.messages import (
     DecisionBatch,
     DecisionContext,
@@ -38,9 +38,14 @@ from scheduler_policy.decision.messages import (
 from scheduler_policy.decision.placement import GangFit
 from scheduler_policy.decision.reshape import Reshaped, reshape
 from scheduler_policy.decision.stabilize import Stabilized, stabilize
-from scheduler_policy.decision.triage import NOT_MEASURED, stale_hold_message, triage
+from scheduler_policy.decision.triage import (
+    NOT_MEASURED,
+    read_columns,
+    stale_hold_message,
+    triage,
+)
 from scheduler_policy.models.cache import Fits
-from scheduler_policy.models.curve import JobCurve
+from scheduler_policy.models.curve import CurveColumns, JobCurve
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.protocols import ReplicaChange
 from scheduler_policy.vocabulary.state import (
@@ -114,13 +119,11 @@ def decide(observation: Observation, policy: ElasticPolicy, *, fits: Fits) -> Pl
     Returns:
         The decisions and the writes they imply.
     """
-    ready, held, stale = triage(observation, policy)
-    ready, curves, unfitted = _with_curves(ready, fits)
-    table = JobTable.build(
-        ready,
-        curves,
-        queue_names=sorted({q.name for q in observation.queues} & {q.name for q in policy.queues}),
-        default_restart_cost_s=policy.defaults.restart_cost_s,
+    columns = read_columns(observation, policy)
+    ready, held, stale, rows = triage(observation, policy, columns=columns)
+    rows, curves, unfitted = _with_curves(ready, rows, fits)
+    table = JobTable.from_columns(
+        columns, rows, curves, default_restart_cost_s=policy.defaults.restart_cost_s
     )
     budgets = plan_budgets(
         observation,
@@ -128,6 +131,7 @@ def decide(observation: Observation, policy: ElasticPolicy, *, fits: Fits) -> Pl
         table=table,
         forecast_gpus=fits.forecast_gpus,
         forecast_reasons=fits.forecast_reasons,
+        columns=columns,
     )
     stale_rows = (
         np.fromiter((job.key in stale for job in table.jobs), dtype=bool, count=len(table.jobs))
@@ -172,17 +176,17 @@ def _log_gangs(gangs: Sequence[GangFit]) -> None:
 
 
 def _with_curves(
-    ready: Sequence[JobState], fits: Fits
-) -> tuple[list[JobState], list[JobCurve], list[ScalingDecision]]:
-    """The jobs that have a curve, their curves, and a held decision for each of the others."""
+    ready: Sequence[JobState], rows: IntArray, fits: Fits
+) -> tuple[IntArray, CurveColumns, list[ScalingDecision]]:
+    """The rows of the jobs that have a curve, their curves as columns, and a held decision for
+    each of the others."""
     found = list(map(fits.curves.get, map(attrgetter("key"), ready)))
-    missing = [i for i, curve in enumerate(found) if curve is None]
-    if not missing:  # the steady state: one lookup per job and nothing more
-        return list(ready), cast(list[JobCurve], found), []
-    jobs, curves, held = [], [], []
-    for job, curve in zip(ready, found, strict=True):
+    if all(found):  # the steady state (a curve is always true): one lookup per job, no more
+        return rows, CurveColumns.of(cast(list[JobCurve], found)), []
+    curves, kept, held = [], [], []
+    for job, row, curve in zip(ready, rows.tolist(), found, strict=True):
         if curve is not None:
-            jobs.append(job)
+            kept.append(row)
             curves.append(curve)
             continue
         why = fits.failures.get(job.key, f"job {job.key}: no scaling curve was fitted for it")
@@ -195,7 +199,7 @@ def _with_curves(
                 Sentence(f"{why}; holding replicas until a fit succeeds"),
             )
         )
-    return jobs, curves, held
+    return np.asarray(kept, dtype=np.int64), CurveColumns.of(curves), held
 
 
 def settle(

@@ -14,8 +14,12 @@ first measurement: growth on a guess would spend a restart on GPUs the job may n
 from __future__ import annotations
 
 import logging
+from operator import attrgetter
 from typing import NamedTuple
 
+import numpy as np
+
+from scheduler_policy.decision.job_table import PHASE_CODES, IntArray, JobColumns
 from scheduler_policy.policy.spec import ElasticPolicy
 from scheduler_policy.vocabulary.state import (
     JobKey,
@@ -44,11 +48,13 @@ class Triage(NamedTuple):
         held: a decision for each elastic job that is not planned for.
         stale: the jobs of ``ready`` whose own metrics are stale, or that were never measured
             (``NOT_MEASURED``), each with why.
+        rows: where each job of ``ready`` is in ``observation.jobs``.
     """
 
     ready: list[JobState]
     held: list[ScalingDecision]
     stale: dict[JobKey, str]
+    rows: IntArray
 
 
 NOT_MEASURED = "no throughput measured yet"
@@ -63,16 +69,44 @@ def stale_hold_message(job: JobState, reason: str) -> str:
     )
 
 
-def triage(observation: Observation, policy: ElasticPolicy) -> Triage:
-    """Split the jobs into those to allocate for and decisions for the rest."""
+def triage(
+    observation: Observation, policy: ElasticPolicy, *, columns: JobColumns | None = None
+) -> Triage:
+    """Split the jobs into those to allocate for and decisions for the rest.
+
+    Args:
+        observation: the cluster now.
+        policy: the policy in force.
+        columns: ``observation.jobs`` as columns (``read_columns``); None to read them here.
+
+    Returns:
+        The jobs to plan for (and their rows in ``observation.jobs``), the held decisions and
+        the stale jobs.
+    """
+    if columns is None:
+        columns = read_columns(observation, policy)
     queue_names = {q.name for q in observation.queues}
     queue_policies = {q.name: q for q in policy.queues}
-    ready: list[JobState] = []
+    # The common case, found for every job at once: a valid running elastic job in a queue the
+    # policy manages elastically, on fresh metrics. Every other elastic job is asked one by one.
+    elastic_queue = np.array(
+        [queue_policies[name].elastic for name in columns.queue_names], dtype=bool
+    )
+    known = columns.queue_index >= 0
+    plain = (
+        columns.elastic
+        & columns.valid
+        & known
+        & elastic_queue[np.where(known, columns.queue_index, 0)]
+        & (columns.phase == _RUNNING)
+    )
+    if not observation.metrics_fresh:
+        plain[:] = False
+    rows: list[int] = []
     held: list[ScalingDecision] = []
-    stale: dict[JobKey, str] = {}
-    for job in observation.jobs:
-        if not job.elastic:
-            continue
+    jobs = columns.jobs
+    for i in np.flatnonzero(columns.elastic & ~plain).tolist():
+        job = jobs[i]
         problems = job.spec_problems()
         if job.queue not in queue_names:
             problems.append(f"queue {job.queue!r} does not exist")
@@ -98,9 +132,38 @@ def triage(observation: Observation, policy: ElasticPolicy) -> Triage:
                       "metrics are stale or missing; holding replicas until they recover")
             )  # fmt: skip
             continue
-        if job.stale_reason is not None:
-            stale[job.key] = job.stale_reason
-        elif not job.throughput_history:
-            stale[job.key] = NOT_MEASURED
-        ready.append(job)
-    return Triage(ready, held, stale)
+        rows.append(i)  # valid after all (``JobColumns.valid`` is conservative)
+    ready_rows = np.flatnonzero(plain)
+    if rows:
+        ready_rows = np.sort(np.concatenate([ready_rows, np.asarray(rows, dtype=np.int64)]))
+    ready = list(map(jobs.__getitem__, ready_rows.tolist()))
+    stale: dict[JobKey, str] = {}
+    reasons = list(map(attrgetter("stale_reason"), ready))
+    measured = np.fromiter(
+        map(bool, map(attrgetter("throughput_history"), ready)), dtype=bool, count=len(ready)
+    )
+    if reasons.count(None) != len(reasons) or not measured.all():
+        for job, reason, seen in zip(ready, reasons, measured.tolist(), strict=True):
+            if reason is not None:
+                stale[job.key] = reason
+            elif not seen:
+                stale[job.key] = NOT_MEASURED
+    return Triage(ready, held, stale, ready_rows)
+
+
+_RUNNING = PHASE_CODES.index(JobPhase.RUNNING)
+
+
+def read_columns(observation: Observation, policy: ElasticPolicy) -> JobColumns:
+    """``observation.jobs`` as columns, their queues indexed among those the policy manages.
+
+    Args:
+        observation: the cluster now.
+        policy: the policy in force.
+
+    Returns:
+        The columns (``JobColumns.read``).
+    """
+    present = {q.name for q in observation.queues}
+    managed = present & {q.name for q in policy.queues}
+    return JobColumns.read(observation.jobs, queue_names=sorted(managed), other_queues=present)
