@@ -298,7 +298,7 @@ class Extender:
                 since_s = entry[1]
             last_s = max(now_s, entry[2] if entry else now_s)
             windows[key] = (job.key, since_s, last_s, window_s)
-            end_s = since_s + window_s
+            end_s = since_s + task.grace_period_s + self.grace_margin_s  # as the docs add it
             if now_s >= end_s:
                 expired += 1
                 victims.append(task)
