@@ -22,7 +22,8 @@ What is modelled (volcano-sh/volcano v1.16, DESIGN.md "Volcano facts"):
   only when that frees enough. The kill is abrupt: work since the last checkpoint is lost.
 - the ``extender`` plugin (a tide policy): before it evicts, reclaim asks tide's extender
   (``Extender.answer``, the production code, with an ``EvictionRequest`` built from the victims,
-  each pod's grace period its job's save-and-exit time); the pods tide withholds are not
+  each pod's grace period its job's save-and-exit time, the evictor the waiting job's first
+  pod); the pods tide withholds are not
   evicted, and when the rest no longer free enough nothing is. The session records what was
   withheld and when the first window ends (``ClusterCore.withheld_pods``, ``withheld_until_s``):
   the event loop reconciles at once and asks again when the window ends. Baselines run without.
@@ -251,6 +252,26 @@ def victim_task(job: SimJob, position: int) -> Task:
     )
 
 
+def evictor_task(job: SimJob) -> Task:
+    """The TaskInfo Volcano would send as the evictor: the waiting job's first pod (index 0),
+    not bound to a node. The extender keys its grace windows by its PodGroup (``Job``)."""
+    namespace, _, name = job.key.partition("/")
+    return Task(
+        uid=f"{job.key}#0",
+        podgroup=job.key,
+        name=f"{name}-{SCALING_TASK}-0",
+        namespace=namespace,
+        role=SCALING_TASK,
+        node=None,
+        gpus=float(job.spec.gpus_per_replica),
+        preemptable=True,
+        job=job.key,
+        task_index=0,
+        grace_period_s=job.save_exit_s,
+        text=json.dumps({"UID": f"{job.key}#0"}),
+    )
+
+
 def _reclaim_asking(
     core: ClusterCore,
     job: SimJob,
@@ -268,7 +289,7 @@ def _reclaim_asking(
             task = victim_task(other, position)
             tasks.append(task)
             where[task.uid] = (other, position)
-    request = EvictionRequest(evictor=None, evictees=tuple(tasks))
+    request = EvictionRequest(evictor=evictor_task(job), evictees=tuple(tasks))
     answer = extender.answer(request, verb="reclaimable", now_s=core.now_s)
     if answer.status == 0:
         agreed = tasks

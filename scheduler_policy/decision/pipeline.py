@@ -303,6 +303,9 @@ def _damp(
         # The rate limit guards predictions from the prior; a job measured at two sizes or more
         # moves to its target at once (each change restarts it whatever the step).
         rate_limited=~table.shaped,
+        # A second forced shrink within the interval only while pending work is short of the
+        # idle and releasing GPUs; a job on the prior's curve shrinks by its rate limit a round.
+        unmet=(table.shaped & budgets.gives_back) if budgets.gives_back else None,
     )
 
 

@@ -9,6 +9,13 @@ back) skips tolerance, cooldown, the down window and the rate limit: waiting wou
 Volcano's reclaim kill the same pods abruptly instead (a shrink of 2 replicas a decision left the
 rest for the reclaim to kill once the extender's grace window ran out). It still obeys bounds.
 
+No job moves twice within one decision interval, with one exception: a forced shrink of a job
+whose pending need is still unmet (``unmet``: pending work needs more than the idle and releasing
+GPUs, so what the last shrinks free does not cover it). A reconcile the withheld pods trigger a
+second after a shrink sees a new need (a new gang, or a second one), and holding the job would
+let the extender's window end and reclaim kill. A second reconcile on the cluster a first one
+left sees the first one's shrinks releasing: the need it served is covered, and nothing moves.
+
 The memory (recent recommendations and the last rescale) is data in and data out, so the engine can
 store it on the Volcano Job and survive its own restarts (STYLE.md 12; HPA keeps it in memory).
 """
@@ -83,18 +90,25 @@ def hold_in_cooldown(
     now_s: float,
     cooldown_s: float,
     interval_s: float,
+    unmet: BoolArray | None = None,
 ) -> IntArray:
     """Hold unforced moves of jobs rescaled less than ``cooldown_s`` ago, and every move of a
     job rescaled less than one decision interval ago (so the rate limit is per interval, and a
-    second reconcile at the same time moves nothing).
+    second reconcile at the same time moves nothing), but a forced shrink of a job whose pending
+    need is still unmet (module docstring).
 
     Args:
         last_rescale_s: when each job was last rescaled; NaN for never.
         interval_s: the policy's decision interval.
+        unmet: per job, whether the pending need a forced shrink of it serves is still unmet
+            (pending work needs more than the idle and releasing GPUs); None for none.
     """
     since = now_s - last_rescale_s  # NaN compares False below: never rescaled
     cooling = (since < cooldown_s) & ~forced
-    return np.where(cooling | (since < interval_s), current, desired)
+    recent = since < interval_s
+    if unmet is not None:
+        recent &= ~(forced & unmet & (desired < current))
+    return np.where(cooling | recent, current, desired)
 
 
 def apply_windows(
@@ -240,6 +254,7 @@ def stabilize(
     interval_s: float,
     now_s: float,
     rate_limited: BoolArray | None = None,
+    unmet: BoolArray | None = None,
 ) -> Stabilized:
     """Run the damping chain over every job.
 
@@ -256,6 +271,9 @@ def stabilize(
         interval_s: the decision interval; no job moves twice within one.
         now_s: the reconcile time.
         rate_limited: the jobs the rate limit applies to; None for all.
+        unmet: per job, whether the pending need a forced shrink of it serves is still unmet:
+            such a shrink may move a job rescaled within the interval (``hold_in_cooldown``);
+            None for none.
 
     Returns:
         The final targets, the step that held each back, and the new memories.
@@ -299,6 +317,7 @@ def stabilize(
             now_s=now_s,
             cooldown_s=defaults.cooldown_s,
             interval_s=interval_s,
+            unmet=unmet,
         )
 
     def windows(d: IntArray) -> IntArray:

@@ -14,9 +14,11 @@ proceeds as without tide. The rules (DESIGN.md, "Graceful shrink"):
   first ask (before the plan shrinks that job: the reconcile the withholding triggers decides
   which jobs shrink), with a task index at or above the job's minimum (never below it), never
   when the pod is not preemptable (not tide's to offer or protect), and only for the pod's
-  ``terminationGracePeriodSeconds`` plus a margin, counted from the first time it was withheld;
-  a window whose pod Volcano stopped asking about for twice its length is over and forgotten
-  (that reclaim ended; a later one starts a new window);
+  ``terminationGracePeriodSeconds`` plus a margin, counted from the first time it was withheld
+  for the same evictor's PodGroup (each pending gang Volcano reclaims for gets one window: a pod
+  withheld for one gang, whose GPUs tide freed elsewhere, is not killed at once for the next
+  gang before tide has reconciled for it); a window whose pod Volcano stopped asking about for
+  twice its length is over and forgotten (that reclaim ended; a later one starts a new window);
 - nothing withheld: abstain; otherwise ``status 1`` with the victims = the evictees minus the
   withheld, each the TaskInfo object Volcano sent (it matches victims by UID and evicts the
   objects it reads back).
@@ -202,9 +204,10 @@ class Extender:
         self.grace_margin_s = grace_margin_s
         self._lock = threading.Lock()
         self._view: ExtenderView | None = None
-        # pod UID -> (its job, when it was first withheld, when it was last asked about;
-        # seconds since the epoch)
-        self._first_withheld_s: dict[str, tuple[JobKey, float, float]] = {}
+        # (pod UID, the evictor's PodGroup, "" when none) -> (the pod's job, when it was first
+        # withheld for that evictor, when it was last asked about, seconds since the epoch; the
+        # window's length, seconds)
+        self._first_withheld_s: dict[tuple[str, str], tuple[JobKey, float, float, float]] = {}
 
     @property
     def stale_after_s(self) -> float:
@@ -229,7 +232,9 @@ class Extender:
     def update(self, view: ExtenderView) -> None:
         """Answer from ``view`` from now on.
 
-        Grace windows of pods whose job is no longer in the plan are forgotten.
+        Grace windows of pods whose job is no longer in the plan are forgotten, and so are the
+        windows Volcano stopped asking about for more than twice their length (over: the next
+        ask starts a new one).
 
         Args:
             view: the view of the latest plan.
@@ -237,7 +242,9 @@ class Extender:
         with self._lock:
             self._view = view
             self._first_withheld_s = {
-                uid: entry for uid, entry in self._first_withheld_s.items() if entry[0] in view.jobs
+                key: entry
+                for key, entry in self._first_withheld_s.items()
+                if entry[0] in view.jobs and view.made_s - entry[2] <= 2 * entry[3]
             }
 
     def answer(self, request: EvictionRequest, *, verb: str, now_s: float) -> Answer:
@@ -276,19 +283,22 @@ class Extender:
         expired = 0
         until_s = float("inf")
         windows = self._first_withheld_s
+        evictor = request.evictor.podgroup if request.evictor is not None else ""
         for task in request.evictees:
             job = _managed_job_of(task, view)
             if job is None:
                 victims.append(task)
                 continue
             window_s = task.grace_period_s + self.grace_margin_s
-            entry = windows.get(task.uid)
+            key = (task.uid, evictor)
+            entry = windows.get(key)
             if entry is None or entry[0] != job.key or now_s - entry[2] > 2 * window_s:
                 since_s = now_s  # a new window: first ask, or that reclaim ended long ago
             else:
                 since_s = entry[1]
-            windows[task.uid] = (job.key, since_s, max(now_s, entry[2] if entry else now_s))
-            end_s = since_s + window_s
+            last_s = max(now_s, entry[2] if entry else now_s)
+            windows[key] = (job.key, since_s, last_s, window_s)
+            end_s = since_s + task.grace_period_s + self.grace_margin_s  # as the docs add it
             if now_s >= end_s:
                 expired += 1
                 victims.append(task)

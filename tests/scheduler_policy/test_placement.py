@@ -372,9 +372,12 @@ DECIDE = {
         readme_observation(sizes=()),
         (1, Reason.SHRINK_FOR_GANG_SHAPE),
     ),
-    "rescaled-within-an-interval-does-not-move": (
+    # Within an interval of its last rescale, a job still shrinks to its budget while the
+    # gang's need is unmet (24 GPUs pending, 8 idle, none releasing), but no further for the
+    # gang's shape.
+    "rescaled-within-an-interval-shrinks-only-to-the-budget-for-an-unmet-need": (
         readme_observation(last_rescale_s=NOW_S - 10),
-        (24, Reason.COOLDOWN),
+        (8, Reason.SHRINK_FOR_PENDING_WORK),
     ),
     "rescaled-before-the-cooldown-ends-still-shrinks-for-the-gang": (
         readme_observation(last_rescale_s=NOW_S - 120),

@@ -58,6 +58,41 @@ def test_reconciling_twice_writes_nothing_the_second_time():
     assert all(not d.changes for d in second.decisions)
 
 
+# Job "a" (8 replicas of 1 GPU, measured at 1, 2 and 4) was shrunk 20 s ago, within the 60 s
+# interval; now 2 GPUs of non-elastic work wait in its queue (capability 8). Only a need the idle
+# and releasing GPUs leave unmet moves it a second time in the interval (the reconcile a new
+# gang triggers a second after the last shrink), and a second reconcile then writes nothing.
+SECOND_SHRINKS = {
+    "unmet-need-shrinks-again": (0.0, 0.0, 6),
+    "need-covered-by-idle-gpus-holds": (2.0, 0.0, 8),
+    "need-covered-by-releasing-gpus-holds": (0.0, 2.0, 8),
+}
+
+
+@pytest.mark.parametrize(
+    ("free", "releasing", "target"), SECOND_SHRINKS.values(), ids=SECOND_SHRINKS.keys()
+)
+def test_a_forced_shrink_moves_a_job_twice_in_an_interval_only_for_an_unmet_need(
+    free, releasing, target
+):
+    cluster = FakeCluster(
+        make_observation(
+            make_job("a", current=8, last_rescale_s=NOW_S - 20.0),
+            queues=(make_queue(capability=8.0, pending=2.0),),
+            free=free,
+        )
+    )
+    cluster.terminating_gpus = releasing
+    policy = make_policy(cooldown_s=300.0)
+    models = ModelCache()
+    first = run(cluster, policy, models=models)
+    assert cluster.job(JobKey("ns/a")).current_replicas == target
+    assert [c.reason for c in first.applied if c.to_replicas != c.from_replicas] == (
+        [Reason.SHRINK_FOR_PENDING_WORK] if target < 8 else []
+    )
+    assert run(cluster, policy, models=models).applied == ()
+
+
 def test_the_yield_counts_replicas_a_job_gives_back_for_its_maximum():
     # "c" needs 1 GPU and "a" 4, 3 are idle. "x" holds 1.5 GPUs of borrowed growth in "b";
     # "y" in "a" holds a replica above its maximum, which this round removes. With its 0.5

@@ -81,6 +81,31 @@ def test_hold_in_cooldown(last_s, forced, expected):
     assert out.tolist() == [expected]
 
 
+# No job moves twice within one interval, except a forced shrink whose pending need is still
+# unmet (pending work needs more than the idle and releasing GPUs): a new gang a second after the
+# last shrink. Rescaled 20 s before, interval 60 s, cooldown 300 s; from 6 replicas.
+UNMET = [
+    ("forced-shrink-for-an-unmet-need-moves-again", 3, True, True, 3),
+    ("forced-shrink-for-a-covered-need-holds", 3, True, False, 6),
+    ("unforced-shrink-holds-whatever-the-need", 3, False, True, 6),
+    ("growth-holds-even-forced-with-an-unmet-need", 8, True, True, 6),
+]
+
+
+@pytest.mark.parametrize(
+    ("desired", "forced", "unmet", "expected"), [u[1:] for u in UNMET], ids=[u[0] for u in UNMET]
+)
+def test_a_forced_shrink_moves_twice_in_an_interval_only_for_an_unmet_need(
+    desired, forced, unmet, expected
+):
+    out = hold_in_cooldown(
+        current=ints(6), desired=ints(desired), last_rescale_s=np.asarray([980.0]),
+        forced=np.asarray([forced]), now_s=1000.0, cooldown_s=300.0, interval_s=60.0,
+        unmet=np.asarray([unmet]),
+    )  # fmt: skip
+    assert out.tolist() == [expected]
+
+
 @pytest.mark.parametrize(
     ("current", "desired", "up_min", "down_max", "forced", "expected"),
     [

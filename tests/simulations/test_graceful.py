@@ -182,6 +182,49 @@ def test_reclaim_is_withheld_within_the_grace_window_then_proceeds(case: Ask) ->
     assert (sim.jobs[JobKey("ns/y")].status is Status.RUNNING) == (case.kills > 0)
 
 
+# x's pods are withheld for gang y (window 6 + 3 s); tide frees w's GPUs instead and y starts
+# on them. Gang z then asks for x's pod after y's window ended: z gets a window of its own (the
+# overloaded built-in seed 2 kill, where the reclaim killed at z's first ask), and Volcano
+# proceeds once z's own window ends.
+NEXT_GANG = {
+    "the next gang gets a window of its own": ((12.0,), 0),
+    "and Volcano proceeds after that window": ((12.0, 21.0), 1),
+}
+
+
+@pytest.mark.parametrize(("asked_at_s", "kills"), NEXT_GANG.values(), ids=NEXT_GANG.keys())
+def test_a_pod_withheld_for_one_gang_is_not_killed_at_the_next_gangs_first_ask(
+    asked_at_s: tuple[float, ...], kills: int
+) -> None:
+    w = make_job("w", replicas=4, min_r=1, max_r=4)
+    x = make_job("x", replicas=4, min_r=1, max_r=4, submit_s=1.0)  # reclaim's first victim
+    y = make_job("y", replicas=2, queue="b", submit_s=2.0)
+    z = make_job("z", replicas=1, queue="b", submit_s=10.0)
+    sim = _sim([w, x, y, z], queues=QUEUES, nodes=2, overcommit=2.0)
+    for key in (JobKey("ns/w"), X):
+        _start(sim, key)
+    extender = Extender(stale_after_s=180.0, grace_margin_s=MARGIN_S)
+    view = _managed()
+    extender.update(dataclasses.replace(view, jobs={**view.jobs, JobKey("ns/w"): ShrinkingJob(
+        key=JobKey("ns/w"), task="worker", target_replicas=2, min_replicas=1)}))  # fmt: skip
+    sim.submit(sim.jobs[JobKey("ns/y")])
+    run_session(sim, extender=extender)
+    assert sim.withheld_pods == 2
+    sim.resize(sim.jobs[JobKey("ns/w")], 2)  # tide's shrink, of another job
+    sim.advance(6.0)
+    sim.free_released()
+    run_session(sim, extender=extender)
+    assert sim.jobs[JobKey("ns/y")].status is Status.RUNNING
+    sim.submit(sim.jobs[JobKey("ns/z")])
+
+    for t in asked_at_s:
+        sim.advance(t)
+        run_session(sim, extender=extender)
+
+    assert sim.jobs[X].kills == kills
+    assert (sim.jobs[JobKey("ns/z")].status is Status.RUNNING) == (kills > 0)
+
+
 # --- the event-triggered reconcile -----------------------------------------------------------
 
 

@@ -378,18 +378,19 @@ def wire_run(order: NodeOrder) -> dict[str, tuple[float | None, int]]:
 
 @pytest.mark.parametrize(
     ("order", "gang_wait_h", "research_fewest"),
-    [(SPREAD, (1 + 60) / 3600, 1), (BINPACK, 15 / 3600, 8)],
-    ids=["spread-a-shrink-to-whole-nodes-one-reconcile-later", "binpack-after-the-grace-window"],
+    [(SPREAD, (1 + 60) / 3600, 1), (BINPACK, 1 / 3600, 8)],
+    ids=["spread-a-shrink-to-whole-nodes-one-reconcile-later", "binpack-one-second-later"],
 )
 def test_tide_shrinks_research_until_the_gang_fits_on_nodes(
     order: NodeOrder, gang_wait_h: float, research_fewest: int
 ) -> None:
     # The budget shrinks research by count to 8 for the gang's 24 GPUs. Binpacked, the 8 left
-    # share node 0 and the gang starts once reclaim has them: tide's extender withholds the
-    # pods for its grace window (save time 0 here + the 15 s margin) while tide's reconcile at
-    # the arrival shrinks research by 2 only (the rate limit; a second shrink within the
-    # interval is held), so reclaim takes the rest when the window ends (issue 17: a kill
-    # left). Spread, 2 stay on every node: the
+    # share node 0: tide's extender withholds the pods reclaim proposes, tide's reconcile at
+    # the arrival shrinks research by 2 (the rate limit of a job measured at one size), and the
+    # reconcile the withheld pods trigger 1 s later (research now measured at 24 and 22)
+    # shrinks it to 8: a second forced shrink within the interval, the gang's need still
+    # unmet. The gang starts then, nothing killed (before, that shrink was held and reclaim
+    # killed the rest when the extender's 15 s window ended). Spread, 2 stay on every node: the
     # placement-aware shrink (decision/reshape.py) takes research down to its pod 0, on node 0,
     # at the next reconcile (61 s later: the reconcile the withheld pods triggered at +1 s moved
     # the grid), and the gang starts on nodes 1-3. Without it the

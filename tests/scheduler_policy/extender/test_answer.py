@@ -285,6 +285,38 @@ def test_each_window_counts_from_the_first_time_that_pod_was_withheld() -> None:
     assert at_85.reason is AnswerReason.GRACE_WINDOW_OVER
 
 
+# Each gang Volcano reclaims for (the evictor's PodGroup) gets its own window: a pod withheld
+# for one gang, whose GPUs tide then freed elsewhere, is not killed at once when the next gang
+# asks for it (the overloaded built-in seed 2 kill); each gang's own window still ends.
+NEXT_GANGS = [
+    ("the same gang after its window: Volcano proceeds", "", 50.0, ()),
+    ("the next gang after the first one's window: a window of its own", "default/next", 50.0, ALL),
+    ("the next gang after its own window: Volcano proceeds", "default/next", 50.0 + 46.0, ()),
+]
+
+
+@needs_wire
+@pytest.mark.parametrize(
+    ("evictor", "at_s", "withheld"), [n[1:] for n in NEXT_GANGS], ids=[n[0] for n in NEXT_GANGS]
+)
+def test_each_gang_volcano_reclaims_for_gets_a_window_of_its_own(
+    evictor: str, at_s: float, withheld: tuple[int, ...]
+) -> None:
+    extender = Extender(stale_after_s=1000.0)
+    extender.update(make_view())
+    request = parse_eviction(encode(recorded_body()))
+    assert request.evictor is not None
+    first = extender.answer(request, verb="reclaimable", now_s=NOW_S)
+    assert tuple(t.task_index for t in first.withheld) == ALL  # a window of 30 + 15 s
+    if evictor:
+        request = replace(request, evictor=replace(request.evictor, podgroup=evictor))
+        extender.answer(request, verb="reclaimable", now_s=NOW_S + 50.0)
+
+    later = extender.answer(request, verb="reclaimable", now_s=NOW_S + at_s)
+
+    assert tuple(t.task_index for t in later.withheld) == withheld
+
+
 @needs_wire
 def test_windows_are_forgotten_once_the_job_leaves_the_plan() -> None:
     extender = Extender(stale_after_s=1000.0)
