@@ -153,20 +153,30 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; known: {', '.join(VARIANT_NAMES)}")
     variants = [VARIANT_NAMES[v] for v in names]
-    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
+    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]  # "" for none
     rows = [*variants, *baselines]
     cases = []
     for load in loads:
         seeds = _ints(args.seeds) if load == 1.0 else _ints(args.load_seeds)
-        for i in indices:
-            for label in rows:
-                once = label in NOISE_FREE_BASELINES
-                cases += [(i, load, seed, label) for seed in (seeds[:1] if once else seeds)]
-    # Longest first (the adaptive tide runs), so that two workers finish together.
-    cases.sort(key=lambda c: (c[3] not in TIDE_VARIANTS, c[3] in NOISE_FREE_BASELINES))
+        for seed in seeds:
+            for i in indices:
+                cases += [
+                    (i, load, seed, label)
+                    for label in rows
+                    if seed == seeds[0] or label not in NOISE_FREE_BASELINES
+                ]
+    # Seed by seed (a run cut short has whole seeds), the tide runs of each seed first.
+    cases.sort(key=lambda c: (c[1] != 1.0, c[2], c[3] not in TIDE_VARIANTS))
     started = time.perf_counter()
+    records: list[Record] = []
     with ProcessPoolExecutor(args.workers) as pool:
-        records = list(pool.map(_case, cases))
+        for r in pool.map(_case, cases):
+            records.append(r)
+            print(
+                f"[{len(records)}/{len(cases)} {time.perf_counter() - started:.0f} s] {r.case} "
+                f"{r.load:g}x seed {r.seed} {r.policy}: {r.avg_jct_h:.4f} h ({r.batch_model})",
+                flush=True,
+            )
     wall = time.perf_counter() - started
     console = Console(width=160)
     for load in loads:
