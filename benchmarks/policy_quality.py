@@ -419,7 +419,7 @@ def main() -> None:
             f"{s.avg_jct_h / static:.2f}",
             f"{s.avg_jct_h / threshold:.2f}",
         )
-        params = {"case": case, "seed": seed, "policy": s.policy}
+        params = {"case": case, "seed": seed, "policy": s.policy, "batch_model": s.batch_model}
         records += [
             {"metric": "avg_jct", "value": round(s.avg_jct_h, 4), "unit": "h", **params},
             {"metric": "p95_jct", "value": round(s.p95_jct_h, 4), "unit": "h", **params},

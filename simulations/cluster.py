@@ -19,6 +19,7 @@ from scheduler_policy.adapters.memory_codec import MEMORY_ANNOTATION, decode_mem
 from scheduler_policy.vocabulary.errors import ConflictError, PermanentError
 from scheduler_policy.vocabulary.protocols import MetricsSample, ReplicaChange
 from scheduler_policy.vocabulary.state import (
+    BatchStatistics,
     DemandPoint,
     JobKey,
     JobPhase,
@@ -59,6 +60,9 @@ class MetricsOptions:
         declared_work: whether the jobs that declare their planned samples
             (``WorkloadJob.declares_planned_samples``) report their remaining samples; False
             hides remaining work from the engine for every job (``--no-declared-work``).
+        batch_statistics: whether the engine is told what adaptive jobs' workers report (their
+            ``BatchStatistics``) and their ``BatchBounds``; False leaves it their throughput
+            only, as an engine without a goodput model sees them (the workers still adapt).
     """
 
     throughput_noise: float = 0.02
@@ -69,6 +73,7 @@ class MetricsOptions:
     outages: tuple[tuple[float, float], ...] = ()
     seed: int = 0
     declared_work: bool = True
+    batch_statistics: bool = True
 
 
 class SimulatedCluster(ClusterCore):
@@ -80,6 +85,8 @@ class SimulatedCluster(ClusterCore):
         super().__init__(spec=spec, workload=workload)
         self.metrics = metrics or MetricsOptions()
         self._rng = np.random.default_rng(self.metrics.seed)
+        self._step_rng = np.random.default_rng([self.metrics.seed, 20])
+        self._step_noise: dict[JobKey, dict[tuple[int, int], float]] = {}
         self._demand: dict[QueueName, list[DemandPoint]] = {q.name: [] for q in spec.queues}
         self._last_demand_s = -math.inf
         # job -> (its last view, the memory annotation and the (replicas, pods' version, status,
@@ -112,7 +119,7 @@ class SimulatedCluster(ClusterCore):
         ):
             return
         noise = 1.0 + self.metrics.throughput_noise * float(self._rng.standard_normal())
-        rate = job.rate * job.spec.profile.samples_per_unit * max(0.1, noise)
+        rate = job.samples_per_s * max(0.1, noise)
         job.points.append(ThroughputPoint(now_s, n, rate, nodes=len(set(job.pods)) or None))
         if len(job.points) > self.metrics.max_points:
             del job.points[0]
@@ -142,7 +149,13 @@ class SimulatedCluster(ClusterCore):
         Remaining samples come only for the jobs that declare their planned samples (and only
         while ``MetricsOptions.declared_work``), as the Prometheus source computes them: the
         planned samples minus the consumed ones (the checkpointed data position, so the work a
-        kill lost is to be done again), never below zero."""
+        kill lost is to be done again), never below zero.
+
+        An adaptive job (``SimJob.batch``) also reports its ``BatchStatistics`` as its workers
+        export them: its batch, the current epoch's gradient statistics, its progress and
+        planned progress (Pollux's jobs declare their epochs), and its step times at each shape
+        it ran at lately (each with a measurement error of ``throughput_noise``); its
+        throughput points stay samples/s."""
         if self.in_outage(now_s):
             return MetricsSample(
                 fresh=False,
@@ -157,14 +170,27 @@ class SimulatedCluster(ClusterCore):
         self.record_demand(now_s)
         throughput: dict[JobKey, tuple[ThroughputPoint, ...]] = {}
         remaining: dict[JobKey, float] = {}
+        statistics: dict[JobKey, BatchStatistics] = {}
         declared = self.metrics.declared_work
         for job in self.running.values():
             if job.spec.elastic:
                 self._measure(job, now_s)
                 throughput[job.key] = tuple(job.points)
+                batch = job.batch
+                if batch is not None and self.metrics.batch_statistics:
+                    statistics[job.key] = batch.statistics(
+                        progress=job.done_units, noise=self._shape_noise(job)
+                    )
                 if declared and job.spec.declares_planned_samples:
-                    per_unit = job.spec.profile.samples_per_unit
-                    planned = job.spec.work_units * per_unit
+                    # An adaptive job's progress is in steps at its initial batch: its planned
+                    # samples are its planned progress times that batch, as the worker says
+                    # (``AdaptiveBatch.planned_progress``).
+                    per_unit = (
+                        job.spec.profile.samples_per_unit
+                        if batch is None
+                        else float(batch.app.bounds.initial_batch_size)
+                    )
+                    planned = job.work_units * per_unit
                     remaining[job.key] = max(0.0, planned - job.done_units * per_unit)
         return MetricsSample(
             fresh=True,
@@ -173,7 +199,20 @@ class SimulatedCluster(ClusterCore):
             job_remaining_samples=remaining,
             queue_demand_history={n: tuple(p) for n, p in self._demand.items()},
             releasing_gpus=float(self.held_gpus),
+            job_batch_statistics=statistics,
         )
+
+    def _shape_noise(self, job: SimJob) -> dict[tuple[int, int], float]:
+        """The measurement error of each shape an adaptive job reports step times for: drawn
+        once per shape (its mean over many steps), from a stream of its own so that the
+        throughput noise of every job is the same as without adaptive jobs."""
+        assert job.batch is not None
+        noise = self._step_noise.setdefault(job.key, {})
+        for shape in job.batch.recent:
+            if shape not in noise:
+                draw = float(self._step_rng.standard_normal())
+                noise[shape] = max(0.1, 1.0 + self.metrics.throughput_noise * draw)
+        return noise
 
     # --- ClusterClient ------------------------------------------------------------------------
 
@@ -228,6 +267,11 @@ class SimulatedCluster(ClusterCore):
             pods=self._pods(job) if job.status is Status.RUNNING else (),
             running_since_s=job.first_start_s,
             requested_replicas=job.spec.requested_replicas,
+            batch_bounds=(
+                job.spec.adaptive.bounds
+                if job.spec.adaptive is not None and self.metrics.batch_statistics
+                else None
+            ),
         )
         self._views[job.key] = (view, stored, key)
         return view

@@ -41,11 +41,16 @@ class Controller(Protocol):
             (``min_replicas = max_replicas = requested``), as a non-elastic scheduler does.
         extender: the extender Volcano's reclaim asks before it evicts (tide's); None for
             Volcano's plain reclaim.
+        adapts_batch: True when the jobs that let it choose their batch
+            (``WorkloadJob.adaptive``) adapt under it (tide); False runs every job at its
+            submitted batch, as the baselines do in Pollux's own comparison
+            (``simulator.py`` lines 180-196: only Pollux's jobs have no target batch).
     """
 
     name: str
     rigid: bool
     extender: Extender | None
+    adapts_batch: bool
 
     def control(self, cluster: SimulatedCluster, *, now_s: float) -> int:
         """Observe the cluster and write its decisions.
@@ -92,6 +97,7 @@ class TideController:
     policy: ElasticPolicy
     name: str = "tide"
     rigid: bool = False
+    adapts_batch: bool = True
     models: ModelCache = field(default_factory=ModelCache)
     decisions: int = 0
     grace_margin_s: float = DEFAULT_GRACE_MARGIN_S
@@ -141,6 +147,7 @@ class StaticController:
     name: str = "static"
     rigid: bool = False
     extender: Extender | None = None
+    adapts_batch: bool = False
 
     def control(self, cluster: SimulatedCluster, *, now_s: float) -> int:
         """See base class. Changes nothing."""
@@ -163,6 +170,7 @@ class BaselineController:
     name: str = ""
     rigid: bool = False
     extender: Extender | None = None
+    adapts_batch: bool = False
     _priority: dict[JobKey, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -138,7 +138,7 @@ class ClusterCore:
         """The job's pods, restart or work changed: recompute it and its completion."""
         job.pods_changed()
         job.version += 1
-        completion = job.completion_s(self.now_s)
+        completion = job.next_stop_s(self.now_s)
         if completion < float("inf"):
             self._pushed += 1
             heapq.heappush(self._completions, (completion, self._pushed, job.version, job))
@@ -157,15 +157,29 @@ class ClusterCore:
         return heap[0][0], heap[0][3]
 
     def finish_due(self) -> list[SimJob]:
-        """Mark every running job whose work is done as done and release its pods."""
+        """Mark every running job whose work is done as done and release its pods.
+
+        An adaptive job that reached the end of an epoch before its last goes on: its batch is
+        chosen again for the new epoch's statistics and its rate recomputed
+        (``simulations.adaptive_batch``), and it is not in the list.
+
+        Returns:
+            The jobs that finished.
+        """
         heap = self._completions
         finished = []
         while heap and heap[0][0] <= self.now_s:
             entry = heapq.heappop(heap)
-            if self._live(entry):
-                finished.append(entry[3])
+            if not self._live(entry):
+                continue
+            job = entry[3]
+            if job.batch is not None and job.next_stop_units < job.work_units:
+                job.done_units = job.next_stop_units  # exactly at the boundary
+                self._changed(job)  # the new epoch: batch, rate and next stop
+                continue
+            finished.append(job)
         for job in finished:
-            job.done_units = job.spec.work_units
+            job.done_units = job.work_units
             self._release_all(job)
             del self.running[job.key]
             job.status = Status.DONE

@@ -24,6 +24,7 @@ import math
 from pathlib import Path
 
 from scheduler_policy.vocabulary.state import JobKey
+from simulations.adaptive_batch import adaptive_application
 from simulations.errors import TraceError
 from simulations.pollux_model import (
     PINNED_APPLICATIONS,
@@ -107,6 +108,9 @@ def load_pollux_workload(
 
     Every job is elastic between 1 replica and the largest size that still adds throughput (at
     most MAX_REPLICAS), and asks for ``num_replicas``; ncf is pinned to one replica at batch 32768.
+    Every job but ncf may adapt its batch (``WorkloadJob.adaptive``, within Pollux's bounds for
+    its application), as every Pollux job is an AdaptDL job; a replay that keeps the submitted
+    batch (``RunOptions.adaptive_batch``, and every baseline) drops that.
 
     Args:
         path: the workload file.
@@ -134,6 +138,11 @@ def load_pollux_workload(
                 raise ValueError(f"bad num_replicas/batch_size/time {replicas}/{batch}/{submit}")
             profile = application_profile(traces_dir, app, batch, gpus_per_node)
             work = total_iterations(traces_dir, app, batch)
+            adaptive = (
+                None
+                if app in PINNED_APPLICATIONS
+                else adaptive_application(traces_dir, app, EPOCHS[app], gpus_per_node)
+            )
         except (KeyError, ValueError, TypeError, TraceError) as e:
             bad.append((line, f"missing column {e}" if isinstance(e, KeyError) else str(e)))
             continue
@@ -154,6 +163,7 @@ def load_pollux_workload(
                 profile=profile,
                 declares_planned_samples=True,  # a fixed number of epochs: planned samples known
                 source=f"{path}:{line}",
+                adaptive=adaptive,
             )
         )
     if bad and not skip_bad_rows:

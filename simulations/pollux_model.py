@@ -305,8 +305,19 @@ def iteration_rate_per_s(
     return 1.0 / iteration_time_s(step_s=step, sync_s=sync, accum_steps=plan.accum_steps)
 
 
-def _validation_curves(traces_dir: Path, app: str) -> dict[int, list[tuple[float, float, float]]]:
-    """Each validated batch's (progress, grad_sqr, grad_var) per epoch."""
+def validation_curves(traces_dir: Path, app: str) -> dict[int, list[tuple[float, float, float]]]:
+    """Each validated batch's ``(progress, grad_sqr, grad_var)`` per epoch.
+
+    Args:
+        traces_dir: Pollux's ``traces/`` folder.
+        app: the application.
+
+    Returns:
+        Validated global batch -> one row per epoch, in file order.
+
+    Raises:
+        TraceError: a file cannot be read or a row lacks a column or a number.
+    """
     curves: dict[int, list[tuple[float, float, float]]] = {}
     for path in sorted((traces_dir / app).glob("validation-*.csv")):
         suffix = path.stem.split("-", 1)[1]
@@ -350,7 +361,7 @@ def training_iterations(traces_dir: Path, app: str, batch_size: int, epochs: int
             ``grad_var``, has fewer rows than ``epochs``, or a gain is not positive.
     """
     base = traces_dir / app
-    curves = _validation_curves(traces_dir, app)
+    curves = validation_curves(traces_dir, app)
     own = curves.get(batch_size)
     if own is None:
         raise TraceError(base / f"validation-{batch_size}.csv", 0, "no such validated batch")

@@ -79,6 +79,8 @@ class Summary:
         metrics_outages / metrics_outage_minutes: injected metrics outages during the run.
         node_order: where the scheduler put each pod (spread: Volcano's default; binpack):
             the figures depend on it.
+        batch_model: how the jobs' work was counted (``SimResult.batch_model``):
+            ``adaptive`` (progress at the batch the workers chose) or ``submitted``.
     """
 
     policy: str
@@ -112,6 +114,7 @@ class Summary:
     metrics_outage_minutes: float = 0.0
     late_pods: int = 0
     node_order: str = "spread"
+    batch_model: str = "submitted"
 
     def as_dict(self) -> dict[str, object]:
         """A JSON-ready dict (NaN becomes None)."""
@@ -187,6 +190,7 @@ def summarize(result: SimResult) -> Summary:
         metrics_outages=result.metrics_outages,
         metrics_outage_minutes=result.metrics_outage_s / 60.0,
         node_order=result.node_order,
+        batch_model=result.batch_model,
     )
 
 

@@ -52,6 +52,10 @@ class RunOptions:
         horizon_s: stop at this simulated time even if jobs remain; None to run them all.
         faults: faults to inject.
         metrics: how the simulated metrics behave.
+        adaptive_batch: whether the jobs that let tide choose their batch
+            (``WorkloadJob.adaptive``: every Pollux job but ncf) adapt it under a policy that
+            adapts (``Controller.adapts_batch``: tide); False keeps every job at its submitted
+            batch (``--no-adaptive-batch``).
     """
 
     interval_s: float = 60.0
@@ -59,6 +63,7 @@ class RunOptions:
     horizon_s: float | None = None
     faults: FaultOptions = field(default_factory=FaultOptions)
     metrics: MetricsOptions = field(default_factory=MetricsOptions)
+    adaptive_batch: bool = True
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "quiet_interval_s", "horizon_s"):
@@ -134,6 +139,8 @@ class SimResult:
         node_down_s: node-seconds those nodes were down before the run stopped.
         metrics_outages: injected metrics outages that began before the run stopped.
         metrics_outage_s: seconds of those outages before the run stopped.
+        batch_model: how the jobs' work was counted (``batch_model``): ``adaptive`` when some
+            job chose its batch, ``submitted`` when every job kept its submitted batch.
     """
 
     policy: str
@@ -156,6 +163,7 @@ class SimResult:
     metrics_outages: int = 0
     metrics_outage_s: float = 0.0
     node_order: str = NodeOrder.SPREAD.value
+    batch_model: str = "submitted"
 
 
 def _record(job: SimJob) -> JobRecord:
@@ -167,7 +175,7 @@ def _record(job: SimJob) -> JobRecord:
         start_s=job.first_start_s,
         end_s=job.end_s,
         requested_gpus=job.spec.requested_replicas * job.spec.gpus_per_replica,
-        work_units=job.spec.work_units,
+        work_units=job.work_units,
         done_units=job.done_units,
         rescales=job.rescales,
         kills=job.kills,
@@ -214,6 +222,10 @@ def simulate(
     started = time.perf_counter()
     if controller.rigid:
         workload = rigid_workload(workload)
+    # A controller written before adaptive batch (no ``adapts_batch``) keeps the submitted one.
+    adapts = options.adaptive_batch and bool(getattr(controller, "adapts_batch", False))
+    if not adapts:
+        workload = submitted_batch_workload(workload)
     last_submit = workload.jobs[-1].submit_s if workload.jobs else 0.0
     failures, outages = plan_faults(
         options.faults, nodes=cluster.nodes, span_s=last_submit + 30 * 86400.0
@@ -333,6 +345,7 @@ def simulate(
         metrics_outages=sum(1 for start, _ in metrics.outages if start < sim.now_s),
         metrics_outage_s=_seen(metrics.outages, sim.now_s),
         node_order=cluster.node_order.value,
+        batch_model=batch_model(workload, adapts=adapts),
     )
 
 
@@ -352,6 +365,30 @@ def rigid_workload(workload: Workload) -> Workload:
         for j in workload.jobs
     )
     return dataclasses.replace(workload, jobs=jobs)
+
+
+def submitted_batch_workload(workload: Workload) -> Workload:
+    """Every job at its submitted batch (``WorkloadJob.adaptive`` dropped); ``workload`` itself
+    when no job adapts."""
+    if not any(j.adaptive is not None for j in workload.jobs):
+        return workload
+    jobs = tuple(dataclasses.replace(j, adaptive=None) for j in workload.jobs)
+    return dataclasses.replace(workload, jobs=jobs)
+
+
+def batch_model(workload: Workload, *, adapts: bool) -> str:
+    """Which model counted the work of ``workload``'s jobs in a run: ``"adaptive"`` (progress
+    at the batch the workers choose, ``simulations.adaptive_batch``) when some job adapted,
+    else ``"submitted"`` (iterations at each job's submitted batch).
+
+    Args:
+        workload: the jobs as given to ``simulate``.
+        adapts: whether the run let them adapt (``RunOptions.adaptive_batch`` and
+            ``Controller.adapts_batch``).
+    """
+    if adapts and any(j.adaptive is not None for j in workload.jobs):
+        return "adaptive"
+    return "submitted"
 
 
 __all__ = ["JobRecord", "Progress", "RunOptions", "SimResult", "Status", "simulate"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 
 from scheduler_policy.vocabulary.state import JobKey, QueueName, ThroughputPoint
+from simulations.adaptive_batch import BatchRun
 from simulations.cluster_config import NodeOrder
 from simulations.workload import WorkloadJob
 
@@ -51,11 +52,18 @@ class SimJob:
         effective_gpus: GPUs' worth of useful progress while not restarting (its speedup over
             one replica times its GPUs per replica).
         version: bumped by ``ClusterCore`` at every change that moves its completion time.
+        batch: the batch it trains at, when it adapts its batch (``WorkloadJob.adaptive``);
+            None at its submitted batch.
+        work_units: its whole work: progress for an adaptive job (the end of its last epoch),
+            else ``spec.work_units``.
+        samples_per_s: training samples per second at its placed size (what it exports as
+            throughput).
     """
 
     __slots__ = (
         "annotations",
         "attained_gpu_s",
+        "batch",
         "done_units",
         "effective_gpus",
         "end_s",
@@ -75,6 +83,7 @@ class SimJob:
         "restart_cost_s",
         "restart_gpu_s",
         "restart_until_s",
+        "samples_per_s",
         "save_exit_s",
         "spec",
         "spec_replicas",
@@ -82,6 +91,7 @@ class SimJob:
         "status",
         "unckpt_s",
         "version",
+        "work_units",
     )
 
     def __init__(
@@ -123,18 +133,44 @@ class SimJob:
         self.rate = 0.0
         self.effective_gpus = 0.0
         self.version = 0
+        self.samples_per_s = 0.0
+        adaptive = spec.adaptive
+        self.batch = None if adaptive is None else BatchRun(adaptive)
+        self.work_units = spec.work_units if adaptive is None else adaptive.planned_progress
 
     def pods_changed(self) -> None:
-        """Recompute what derives from the placed pods; call after every change to ``pods``."""
+        """Recompute what derives from the placed pods; call after every change to ``pods``
+        (and, for an adaptive job, at each epoch boundary: the batch is chosen again)."""
         n = len(self.pods)
-        self.gpus = n * self.spec.gpus_per_replica
-        self.rate = self.spec.profile.rate(n)
-        self.effective_gpus = self.spec.gpus_per_replica * self.rate / self.spec.profile.rate(1)
+        spec = self.spec
+        self.gpus = n * spec.gpus_per_replica
+        batch = self.batch
+        if batch is None:
+            self.rate = spec.profile.rate(n)
+            self.effective_gpus = spec.gpus_per_replica * self.rate / spec.profile.rate(1)
+            self.samples_per_s = self.rate * spec.profile.samples_per_unit
+            return
+        if n == 0:
+            self.rate = self.samples_per_s = self.effective_gpus = 0.0
+            return
+        batch.follow(replicas=n, progress=self.done_units)
+        self.rate = batch.progress_rate()
+        self.samples_per_s = batch.samples_per_s()
+        # Utilization in GPUs' worth of the submitted batch's speedup (the report's figure).
+        self.effective_gpus = spec.gpus_per_replica * spec.profile.speedup(n)
+
+    @property
+    def next_stop_units(self) -> float:
+        """Done work at which the job next stops: its end, or an adaptive job's next epoch end."""
+        batch = self.batch
+        if batch is None:
+            return self.work_units
+        return batch.app.epoch_ends[batch.epoch]
 
     @property
     def remaining_units(self) -> float:
         """Work left."""
-        return max(0.0, self.spec.work_units - self.done_units)
+        return max(0.0, self.work_units - self.done_units)
 
     @property
     def wanted_pods(self) -> int:
@@ -147,6 +183,17 @@ class SimJob:
         if self.status is not Status.RUNNING or rate <= 0:
             return float("inf")
         return max(now_s, self.restart_until_s) + self.remaining_units / rate
+
+    def next_stop_s(self, now_s: float) -> float:
+        """When it next stops at its current size: its completion, or an adaptive job's next
+        epoch boundary (where its rate changes); inf when not running."""
+        if self.batch is None:
+            return self.completion_s(now_s)
+        rate = self.rate
+        if self.status is not Status.RUNNING or rate <= 0:
+            return float("inf")
+        left = max(0.0, self.next_stop_units - self.done_units)
+        return max(now_s, self.restart_until_s) + left / rate
 
 
 class Nodes:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler_policy.vocabulary.state import JobKey, QueueName
+from simulations.adaptive_batch import AdaptiveApplication
 from simulations.profiles import BUILTIN_JOB_TYPES, ScalingProfile
 
 DEFAULT_CHECKPOINT_INTERVAL_S = 600.0
@@ -38,6 +39,11 @@ class WorkloadJob:
         save_exit_s: seconds its departing workers take to save and exit after a graceful
             shrink (their GPUs stay held meanwhile); None for the cluster's default.
         source: where it came from (``file:line``), for messages.
+        adaptive: the application whose batch tide may choose (``tide.io/adaptive-batch``:
+            its bounds, step times and gradient statistics), when the job adapts its batch; its
+            work is then counted in progress (``simulations.adaptive_batch``) and ``work_units``
+            and ``profile`` are those of its submitted batch, for a replay that keeps it. None
+            for a job at its submitted batch.
     """
 
     key: JobKey
@@ -55,6 +61,7 @@ class WorkloadJob:
     declares_planned_samples: bool = False
     source: str = ""
     save_exit_s: float | None = None
+    adaptive: AdaptiveApplication | None = None
 
     def problems(self) -> list[str]:
         """What makes the job unrunnable, as sentences naming the field; empty when valid."""

@@ -365,6 +365,9 @@ def run_comparison(
     else:
         _print_seeds(console, summaries, seeds, seeded, cluster, bounds, reference=runs[0].label)
     console.print(known_line(known))
+    batch = batch_line(summaries)
+    if batch:
+        console.print(batch)
     for summary, seed in zip(summaries, seeds, strict=True):
         if summary.finished < summary.jobs:
             where = f" (seed {seed})" if len(seeded) > 1 else ""
@@ -388,6 +391,9 @@ def run_comparison(
         # declared, and not hidden by --no-declared-work); optimus (oracle) knows all of it.
         "remaining_work_known_share": _json_number(known[0]),
         "remaining_work_known_share_by_seed": [_json_number(k) for k in known],
+        # How each policy's jobs counted their work: "adaptive" (progress at the batch the
+        # workers chose, Pollux's jobs under tide) or "submitted" (each job's own batch).
+        "batch_model": {s.policy: s.batch_model for s in summaries},
         "seeds": [one.seed for one in seeded],
         "jobs_by_seed": [len(one.workload.jobs) for one in seeded],
         "avg_jct_lower_bound_h_by_seed": [_json_number(b) for b in bounds],
@@ -443,6 +449,20 @@ def known_line(known: Sequence[float]) -> str:
         f"remaining work known to tide for {_median(finite):.0%} of elastic jobs{median} (those "
         "that declare their planned samples); optimus (oracle) is handed every job's true "
         "remaining work and scaling curve"
+    )
+
+
+def batch_line(summaries: Sequence[Summary]) -> str:
+    """Which batch model each policy ran, on screen, when some run adapted the jobs' batch
+    (``Summary.batch_model``); empty when every job kept its submitted batch."""
+    adaptive = sorted({s.policy for s in summaries if s.batch_model == "adaptive"})
+    if not adaptive:
+        return ""
+    fixed = sorted({s.policy for s in summaries if s.batch_model != "adaptive"})
+    rest = f"; {', '.join(fixed)} at each job's submitted batch" if fixed else ""
+    return (
+        f"batch: {', '.join(adaptive)} let the jobs that allow it choose their batch by goodput "
+        f"(work counted in Pollux's progress){rest} (--no-adaptive-batch keeps it for all)"
     )
 
 

@@ -29,6 +29,7 @@ from tide.sim_options import (
     LoadOpt,
     MemberOpt,
     MtbfOpt,
+    NoAdaptiveBatchOpt,
     NoBoundOpt,
     NoDeclaredWorkOpt,
     NodeOrderOpt,
@@ -157,6 +158,7 @@ def register(app: typer.Typer) -> None:
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
         no_declared_work: NoDeclaredWorkOpt = False,
+        no_adaptive_batch: NoAdaptiveBatchOpt = False,
         node_mtbf_h: MtbfOpt = None,
         outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
@@ -188,6 +190,7 @@ def register(app: typer.Typer) -> None:
                     outage_h=outage_h,
                     quiet_s=quiet_s,
                     declared_work=not no_declared_work,
+                    adaptive_batch=not no_adaptive_batch,
                 ),
             )
             policy = load_policy(policy_file) if policy_file else default_policy_for(cluster)
@@ -226,6 +229,7 @@ def register(app: typer.Typer) -> None:
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
         no_declared_work: NoDeclaredWorkOpt = False,
+        no_adaptive_batch: NoAdaptiveBatchOpt = False,
         node_mtbf_h: MtbfOpt = None,
         outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
@@ -256,6 +260,7 @@ def register(app: typer.Typer) -> None:
                     outage_h=outage_h,
                     quiet_s=quiet_s,
                     declared_work=not no_declared_work,
+                    adaptive_batch=not no_adaptive_batch,
                 ),
             )
             runs: list[PolicyRun] = []

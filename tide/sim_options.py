@@ -134,6 +134,17 @@ NoDeclaredWorkOpt = Annotated[
         "export no tide_worker_planned_samples. optimus (oracle) still knows it.",
     ),
 ]
+NoAdaptiveBatchOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-adaptive-batch",
+        help="Keep every job at its submitted batch under tide too. By default a job that lets "
+        "tide choose its batch (every Pollux job but ncf, as Pollux's jobs are AdaptDL jobs) "
+        "takes the batch its workers choose by goodput, with its work counted in Pollux's "
+        "progress; the baselines always keep the submitted batch, as in Pollux's comparison. "
+        "The report says which model each policy ran.",
+    ),
+]
 ProfilesOpt = Annotated[
     Path | None,
     typer.Option(
@@ -336,10 +347,12 @@ def seed_options(
     outage_h: float | None,
     quiet_s: float | None,
     declared_work: bool = True,
+    adaptive_batch: bool = True,
 ) -> Callable[[int], RunOptions]:
     """The run options the flags give, for each seed (its faults and measurement noise). The
     flags are checked here, before any file is read; they do not depend on the seed.
-    ``declared_work`` False is ``--no-declared-work`` (``MetricsOptions.declared_work``).
+    ``declared_work`` False is ``--no-declared-work`` (``MetricsOptions.declared_work``);
+    ``adaptive_batch`` False is ``--no-adaptive-batch`` (``RunOptions.adaptive_batch``).
 
     Raises:
         typer.BadParameter: a flag that is not a finite positive number, named with its unit
@@ -369,6 +382,7 @@ def seed_options(
             faults=faults,
             metrics=dataclasses.replace(base.metrics, seed=seed, declared_work=declared_work),
             quiet_interval_s=quiet_s,
+            adaptive_batch=adaptive_batch,
         )
 
     options(0)  # FaultOptions and RunOptions check their own fields too

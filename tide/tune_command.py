@@ -51,6 +51,7 @@ from tide.sim_options import (
     LoadOpt,
     MemberOpt,
     MtbfOpt,
+    NoAdaptiveBatchOpt,
     NoBoundOpt,
     NoDeclaredWorkOpt,
     NodeOrderOpt,
@@ -364,6 +365,7 @@ def register(app: typer.Typer) -> None:
         horizon_h: HorizonOpt = None,
         skip_bad_rows: SkipOpt = False,
         no_declared_work: NoDeclaredWorkOpt = False,
+        no_adaptive_batch: NoAdaptiveBatchOpt = False,
         node_mtbf_h: MtbfOpt = None,
         outage_h: OutageOpt = None,
         quiet_s: QuietOpt = None,
@@ -387,6 +389,7 @@ def register(app: typer.Typer) -> None:
                 outage_h=outage_h,
                 quiet_s=quiet_s,
                 declared_work=not no_declared_work,
+                adaptive_batch=not no_adaptive_batch,
             )
             space = load_search_space(space_file)
             cluster = with_node_order(
