@@ -205,8 +205,13 @@ def test_statistics_from_a_live_worker_endpoint(prometheus_factory: PrometheusFa
         key = JobKey("ml/live")
         deadline = time.monotonic() + 30
         while True:  # a step of each kind per round, until two scrapes show them rising
-            worker.observe_times(nodes=1, replicas=2, local_batch=48, optim_step_s=0.2,
-                                 accumulation_s=(0.1, 0.1), sync_s=0.05)  # fmt: skip
+            # As ``AdaptiveMetrics.observe_step`` records a step at shape (1 node, 2 workers, 48).
+            shape_labels = {"volcano_job": "live", "namespace": "ml", "pod": "live-0",
+                            "nodes": "1", "replicas": "2", "local_batch": "48"}  # fmt: skip
+            worker.optim_step_seconds.labels(**shape_labels).observe(0.2)
+            for seconds in (0.1, 0.1):
+                worker.accumulation_step_seconds.labels(**shape_labels).observe(seconds)
+            worker.sync_seconds.labels(**shape_labels).observe(0.05)
             found = prom.sample(now_s=time.time()).job_batch_statistics.get(key)
             if found is not None and found.step_times and found.grad_sqr is not None:
                 [shape] = found.step_times
