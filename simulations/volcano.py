@@ -248,7 +248,7 @@ def victim_task(job: SimJob, position: int) -> Task:
         job=job.key,
         task_index=index,
         grace_period_s=job.save_exit_s,
-        text=json.dumps({"UID": f"{job.key}#{index}"}),
+        text=json.dumps({"UID": f"{job.key}#{index}"}).encode(),
     )
 
 
@@ -268,7 +268,7 @@ def evictor_task(job: SimJob) -> Task:
         job=job.key,
         task_index=0,
         grace_period_s=job.save_exit_s,
-        text=json.dumps({"UID": f"{job.key}#0"}),
+        text=json.dumps({"UID": f"{job.key}#0"}).encode(),
     )
 
 

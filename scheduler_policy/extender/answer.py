@@ -179,8 +179,8 @@ class Answer:
         """``body()`` as JSON, each victim's text echoed exactly as Volcano sent it."""
         if self.status == ABSTAIN:
             return json.dumps(self.body(), separators=(",", ":")).encode()
-        victims = ",".join(task.text for task in self.victims)
-        return f'{{"status":{self.status},"victims":[{victims}]}}'.encode()
+        victims = b",".join([task.text for task in self.victims])
+        return b'{"status":%d,"victims":[%s]}' % (self.status, victims)
 
 
 class Extender:

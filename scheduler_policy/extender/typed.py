@@ -5,10 +5,12 @@ which tide reads a dozen fields per TaskInfo. ``json.loads`` builds a Python obj
 value in it (about a million), which took ~140 ms median on the 2-core machine; the structs
 here skip what they do not name without building anything for it.
 
-Two passes, both in msgspec's C decoder: ``split_body`` keeps the ``evictor`` and each element of
-``evictees`` as its raw JSON text (``msgspec.Raw``: no decoding inside it), and ``task_info``
-decodes one of those into a ``TaskInfoView``. The raw text of an evictee is what the answer
-echoes back as a victim, so it is needed anyway.
+Two passes over the body, both in msgspec's C decoder: ``split_body`` keeps the ``evictor`` and
+each element of ``evictees`` as its raw JSON text (``msgspec.Raw``: no decoding inside it), and
+``typed_body`` decodes every TaskInfo of the body into a ``TaskInfoView`` in one call. The raw text
+of an evictee is what the answer echoes back as a victim, so it is needed anyway. When the body
+has a TaskInfo ``typed_body`` does not take, ``task_info`` decodes each raw text alone, so that
+only the odd one goes to the standard reader.
 
 Of a Pod's labels and annotations only the four keys tide reads are decoded (``MarksView``), of
 its resources only the GPUs (``ScalarsView``): the other entries are skipped, not built. Every
@@ -49,8 +51,10 @@ __all__ = [
     "ResourceView",
     "ScalarsView",
     "TaskInfoView",
+    "TypedBodyView",
     "split_body",
     "task_info",
+    "typed_body",
 ]
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -138,7 +142,20 @@ class TaskInfoView(msgspec.Struct, gc=False):
     pod: PodView | None = msgspec.field(default=None, name="Pod")
 
 
+class TypedBodyView(msgspec.Struct, gc=False):
+    """A ``reclaimable``/``preemptable`` body with every TaskInfo decoded.
+
+    Attributes:
+        evictor: the evictor; None when absent or null.
+        evictees: the evictees, in order; None when ``null`` or absent (Go's nil slice).
+    """
+
+    evictor: TaskInfoView | None = None
+    evictees: list[TaskInfoView] | None = None
+
+
 _BODY = msgspec.json.Decoder(BodyView)
+_TYPED_BODY = msgspec.json.Decoder(TypedBodyView)
 _TASK_INFO = msgspec.json.Decoder(TaskInfoView)
 
 
@@ -155,6 +172,22 @@ def split_body(raw: bytes) -> BodyView:
         msgspec.MsgspecError: not JSON, not an object, or ``evictees`` neither a list nor null.
     """
     return _BODY.decode(raw)
+
+
+def typed_body(raw: bytes) -> TypedBodyView:
+    """Every TaskInfo of the body, decoded in one call (one decode per TaskInfo cost about 1 ms
+    more at 1,000 evictees).
+
+    Args:
+        raw: the HTTP body.
+
+    Returns:
+        The view.
+
+    Raises:
+        msgspec.MsgspecError: not JSON, not an object, or any TaskInfo ``task_info`` would refuse.
+    """
+    return _TYPED_BODY.decode(raw)
 
 
 def task_info(raw: msgspec.Raw | bytes) -> TaskInfoView:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import msgspec
 import pytest
 
 from scheduler_policy.decision.pipeline import Plan
@@ -309,7 +310,8 @@ def test_each_gang_volcano_reclaims_for_gets_a_window_of_its_own(
     first = extender.answer(request, verb="reclaimable", now_s=NOW_S)
     assert tuple(t.task_index for t in first.withheld) == ALL  # a window of 30 + 15 s
     if evictor:
-        request = replace(request, evictor=replace(request.evictor, podgroup=evictor))
+        evictor_task = msgspec.structs.replace(request.evictor, podgroup=evictor)
+        request = replace(request, evictor=evictor_task)
         extender.answer(request, verb="reclaimable", now_s=NOW_S + 50.0)
 
     later = extender.answer(request, verb="reclaimable", now_s=NOW_S + at_s)

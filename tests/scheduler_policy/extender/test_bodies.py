@@ -428,4 +428,4 @@ def test_victims_echo_the_exact_text_volcano_sent() -> None:
     spaced = json.dumps(recorded_body(), indent=1)  # whatever the spacing, it is kept
     request = parse_eviction(spaced.encode())
     assert [t.raw for t in request.evictees] == recorded_body()["evictees"]
-    assert all(t.text.startswith("{\n") and t.text in spaced for t in request.evictees)
+    assert all(t.text.startswith(b"{\n") and t.text in spaced.encode() for t in request.evictees)

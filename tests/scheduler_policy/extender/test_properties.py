@@ -50,7 +50,7 @@ def evictees(draw: st.DrawFn) -> tuple[Task, ...]:
                 job=draw(st.sampled_from([*KEYS, None])),
                 task_index=draw(st.integers(0, 8) | st.none()),
                 grace_period_s=draw(st.sampled_from([0.0, 5.0, 30.0])),
-                text=json.dumps({"UID": f"uid-{i}"}),
+                text=json.dumps({"UID": f"uid-{i}"}).encode(),
             )
         )
     return tuple(tasks)

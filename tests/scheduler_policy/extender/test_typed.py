@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from scheduler_policy.extender import BodyError, EvictionRequest, parse_eviction
 from scheduler_policy.extender import bodies as bodies_module
-from scheduler_policy.extender.typed import NULL, split_body, task_info
+from scheduler_policy.extender.typed import NULL, split_body, task_info, typed_body
 from tests.scheduler_policy.extender.recorded import (
     encode,
     many_evictees,
@@ -216,3 +216,36 @@ def test_split_body_keeps_each_evictee_text_and_a_null_evictor() -> None:
     view = split_body(b'{"evictor": null, "evictees": [ {"UID": "a"} , {"UID":"b"} ], "x": 1}')
     assert bytes(view.evictor) == NULL
     assert [bytes(item) for item in view.evictees or ()] == [b'{"UID": "a"}', b'{"UID":"b"}']
+
+
+def test_one_odd_taskinfo_among_many_is_the_only_one_read_by_the_standard_reader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The whole-body decode refuses the body (a read label that is a number); each TaskInfo is
+    # then decoded alone, and only the odd one goes to the standard reader, which reads it
+    # leniently.
+    odd = _evictee(UID="u-odd", Pod={"metadata": {"labels": {"volcano.sh/task-index": 7}}})
+    body = {"evictor": None, "evictees": [_evictee(UID="u-0"), odd, _evictee(UID="u-2")]}
+    raw = json.dumps(body).encode()
+    with pytest.raises(msgspec.ValidationError):
+        typed_body(raw)
+    expected = _standard(raw)
+    read_alone: list[str] = []
+    standard_task = bodies_module._standard_task
+
+    def spy(text: Any, path: str) -> Any:
+        read_alone.append(path)
+        return standard_task(text, path)
+
+    monkeypatch.setattr(bodies_module, "_standard_task", spy)
+    request = parse_eviction(raw)
+    assert request == expected
+    assert [t.text for t in request.evictees] == [t.text for t in expected.evictees]
+    assert read_alone == ["evictees[1]"]
+
+
+def test_the_whole_body_decode_gives_every_taskinfo_and_a_missing_evictor() -> None:
+    view = typed_body(b'{"evictees": [{"UID": "a"}, {"UID": "b", "NodeName": "n"}]}')
+    assert view.evictor is None
+    assert [(info.uid, info.node) for info in view.evictees or ()] == [("a", None), ("b", "n")]
+    assert typed_body(b'{"evictor": null, "evictees": null}').evictees is None
