@@ -40,7 +40,7 @@ from simulations.tune_space import (
 )
 from simulations.workload import DEFAULT_LOAD
 from tide.comparison import BOUND_TERMS, NO_BOUND, print_fitted
-from tide.comparison import fmt as format_number
+from tide.comparison_lines import fmt as format_number
 from tide.sim_options import (
     DEFAULT_DURATION_H,
     ClusterOpt,
