@@ -60,8 +60,14 @@ DEFAULT_GRACE_MARGIN_S = 15.0
 
 ABSTAIN = 0
 AGREE = 1
+
+VOLCANO_MAX_REPLY_BYTES = 10 << 20
+"""The most of a reply Volcano's extender plugin reads (``maxBodySize`` in
+``pkg/scheduler/plugins/extender/extender.go``, v1.15.1): past it the decode fails and, with
+``extender.ignorable``, Volcano drops the whole first tier's victims. tide abstains instead."""
 _NAMED = 5
 """Pods an answer's message names; the rest are counted."""
+_REPLY_FRAME_BYTES = len(b'{"status":1,"victims":[]}')
 
 
 class AnswerReason(str, enum.Enum):
@@ -73,6 +79,7 @@ class AnswerReason(str, enum.Enum):
     NOTHING_TO_WITHHOLD = "NothingToWithhold"
     GRACE_WINDOW_OVER = "GraceWindowOver"
     WITHHOLD_FOR_SHRINK = "WithholdForShrink"
+    REPLY_TOO_LARGE = "ReplyTooLarge"
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +290,7 @@ class Extender:
         expired = 0
         until_s = float("inf")
         windows = self._first_withheld_s
+        seen: dict[tuple[str, str], tuple[JobKey, float, float, float]] = {}
         evictor = request.evictor.podgroup if request.evictor is not None else ""
         for task in request.evictees:
             job = _managed_job_of(task, view)
@@ -297,7 +305,7 @@ class Extender:
             else:
                 since_s = entry[1]
             last_s = max(now_s, entry[2] if entry else now_s)
-            windows[key] = (job.key, since_s, last_s, window_s)
+            seen[key] = (job.key, since_s, last_s, window_s)
             end_s = since_s + task.grace_period_s + self.grace_margin_s  # as the docs add it
             if now_s >= end_s:
                 expired += 1
@@ -305,6 +313,14 @@ class Extender:
             else:
                 withheld.append(task)
                 until_s = min(until_s, end_s)
+        reply_bytes = _REPLY_FRAME_BYTES + sum(len(task.text) + 1 for task in victims)
+        if withheld and reply_bytes > VOLCANO_MAX_REPLY_BYTES:  # no window starts: not withheld
+            return _abstain(
+                AnswerReason.REPLY_TOO_LARGE,
+                f"the {len(victims)} victims' reply would be {reply_bytes} bytes, more than the "
+                f"{VOLCANO_MAX_REPLY_BYTES} Volcano reads",
+            )
+        windows.update(seen)
         if not withheld:
             if expired:
                 return _abstain(

@@ -441,3 +441,27 @@ def test_the_view_says_who_leads() -> None:
         Plan(decisions=(), changes=()), observation, leader=False, now_s=NOW_S
     )
     assert (view.leader, dict(view.jobs)) == (False, {})
+
+
+@needs_wire
+def test_a_reply_larger_than_volcano_reads_abstains_and_starts_no_window() -> None:
+    # Volcano reads at most 10 MiB of a reply; past it the decode fails and, with
+    # extender.ignorable, Volcano drops its first tier's victims. tide abstains instead, so
+    # Volcano proceeds as without tide, and a later ask that fits starts the windows afresh.
+    request = parse_eviction(encode(recorded_body()))
+    victim = next(t for t in request.evictees if t.task_index == 1)  # below the minimum (2)
+    huge = msgspec.structs.replace(victim, text=b" " * (10 << 20))
+    oversized = replace(
+        request, evictees=tuple(huge if t is victim else t for t in request.evictees)
+    )
+    extender = Extender(stale_after_s=1000.0)
+    extender.update(make_view())
+
+    refused = extender.answer(oversized, verb="reclaimable", now_s=NOW_S)
+    later = extender.answer(request, verb="reclaimable", now_s=NOW_S + 40)
+
+    assert refused.reason is AnswerReason.REPLY_TOO_LARGE
+    assert refused.body() == {"status": 0} and refused.withheld == ()
+    assert "more than the 10485760 Volcano reads" in refused.message
+    assert tuple(t.task_index for t in later.withheld) == ALL
+    assert later.until_s == NOW_S + 40 + 45  # the windows start at the ask that was answered
