@@ -80,10 +80,10 @@ class Task(msgspec.Struct, frozen=True, gc=False):
     """One TaskInfo of a request: a pod Volcano proposes to evict, or the one it evicts for.
 
     A frozen ``msgspec.Struct`` rather than a frozen dataclass: a 1,000-evictee body makes 1,000
-    of them, which took 2-3 ms as dataclasses (each field set through ``object.__setattr__``)
-    against 0.2 ms (``benchmarks/extender_latency.py``). ``gc=False``: it holds only strings,
-    numbers and bytes, so it can be in no cycle. Equality and the repr leave ``text`` out, as the
-    dataclass did: two spellings of the same TaskInfo are the same task.
+    of them, which took 2-3 ms of CPU as dataclasses (each field set through
+    ``object.__setattr__``) against 0.2 ms, timed on the 2-core machine. ``gc=False``: it holds
+    only strings, numbers and bytes, so it can be in no cycle. Equality and the repr leave
+    ``text`` out, as the dataclass did: two spellings of the same TaskInfo are the same task.
 
     Attributes:
         uid: the pod's UID (``UID``): Volcano matches victims by it.

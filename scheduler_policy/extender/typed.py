@@ -175,8 +175,8 @@ def split_body(raw: bytes) -> BodyView:
 
 
 def typed_body(raw: bytes) -> TypedBodyView:
-    """Every TaskInfo of the body, decoded in one call (one decode per TaskInfo cost about 1 ms
-    more at 1,000 evictees).
+    """Every TaskInfo of the body, decoded in one call (a decode per TaskInfo cost 0.2-0.6 ms
+    more of CPU at 1,000 evictees, timed on the 2-core machine).
 
     Args:
         raw: the HTTP body.
