@@ -275,7 +275,7 @@ def _cases():
     )
 
 
-@pytest.mark.parametrize(("observation", "policy"), _cases())
+@pytest.mark.parametrize(("observation", "policy"), list(_cases()))
 def test_found_cases_write_nothing_the_second_time(observation, policy):
     cluster = FakeCluster(observation)
     models = ModelCache()
