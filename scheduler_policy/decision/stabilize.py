@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -410,17 +409,11 @@ def remember(
     if keep_s > 0:
         # The usual change, found for all jobs at once: one recommendation, older than now, and
         # a new one. It is kept with the new one after it (which is in force from now, inside
-        # every window). Built in C, the tuples cost a tenth of the loop's general case below.
+        # every window).
         simple = ~steady & (lengths == 1) & (since < now_s) & (last_replicas != recommended)
         rows = np.flatnonzero(simple).tolist()
-        firsts = map(itemgetter(0), map(recommendations.__getitem__, rows))
-        news = map(
-            tuple.__new__,
-            repeat(Recommendation),
-            zip(repeat(now_s), map(wanted.__getitem__, rows), strict=False),
-        )
-        for i, kept_pair in zip(rows, zip(firsts, news, strict=True), strict=True):
-            out[i] = kept_pair
+        for i in rows:
+            out[i] = (recommendations[i][0], Recommendation(now_s, wanted[i]))
         changed[rows] = True
         steady |= simple
     for i in np.flatnonzero(~steady).tolist():
