@@ -177,7 +177,12 @@ class JobTable:
         """
         # Every job (rows, sorted and distinct, is then 0, 1, ..., n-1): no copy of a column.
         everything = len(rows) == len(columns.jobs)
-        jobs = columns.jobs if everything else tuple(map(columns.jobs.__getitem__, rows.tolist()))
+        if everything:
+            jobs, keys = columns.jobs, columns.keys
+        else:
+            picked = rows.tolist()
+            jobs = tuple(map(columns.jobs.__getitem__, picked))
+            keys = tuple(map(columns.keys.__getitem__, picked))
 
         def column(name: str) -> FloatArray:
             """Attribute ``name`` of every job as floats (None becomes NaN)."""
@@ -199,7 +204,7 @@ class JobTable:
         sync = curves.sync if placed.any() else None
         return cls(
             jobs=jobs,
-            keys=tuple(map(attrgetter("key"), jobs)),
+            keys=keys,
             queue_names=columns.queue_names,
             queue_index=take(columns.queue_index),
             min_replicas=lo,
@@ -240,6 +245,7 @@ class JobColumns:
 
     Attributes:
         jobs: the jobs.
+        keys: each job's key.
         queue_names: the queues the policy manages that the observation has, sorted.
         queue_index: each job's queue in ``queue_names``; ``OTHER_QUEUE`` for a queue the
             observation has that the policy does not manage, ``UNKNOWN_QUEUE`` for one it
@@ -256,6 +262,7 @@ class JobColumns:
     """
 
     jobs: tuple[JobState, ...]
+    keys: tuple[JobKey, ...]
     queue_names: tuple[QueueName, ...]
     queue_index: IntArray
     elastic: BoolArray
@@ -322,6 +329,7 @@ class JobColumns:
         )
         return cls(
             jobs=jobs,
+            keys=tuple(map(attrgetter("key"), jobs)),
             queue_names=names,
             queue_index=np.fromiter(
                 map(codes.get, map(attrgetter("queue"), jobs), repeat(UNKNOWN_QUEUE)),

@@ -120,7 +120,7 @@ def decide(observation: Observation, policy: ElasticPolicy, *, fits: Fits) -> Pl
     """
     columns = read_columns(observation, policy)
     ready, held, stale, rows = triage(observation, policy, columns=columns)
-    rows, curves, unfitted = _with_curves(ready, rows, fits)
+    rows, curves, unfitted = _with_curves(ready, rows, fits, keys=columns.keys)
     table = JobTable.from_columns(
         columns, rows, curves, default_restart_cost_s=policy.defaults.restart_cost_s
     )
@@ -175,11 +175,13 @@ def _log_gangs(gangs: Sequence[GangFit]) -> None:
 
 
 def _with_curves(
-    ready: Sequence[JobState], rows: IntArray, fits: Fits
+    ready: Sequence[JobState], rows: IntArray, fits: Fits, *, keys: Sequence[JobKey]
 ) -> tuple[IntArray, CurveColumns, list[ScalingDecision]]:
     """The rows of the jobs that have a curve, their curves as columns, and a held decision for
-    each of the others."""
-    found = list(map(fits.curves.get, map(attrgetter("key"), ready)))
+    each of the others (``keys``: every job's key, ``rows`` index it)."""
+    if len(rows) < len(keys):
+        keys = list(map(keys.__getitem__, rows.tolist()))
+    found = list(map(fits.curves.get, keys))
     if all(found):  # the steady state (a curve is always true): one lookup per job, no more
         return rows, CurveColumns.of(cast(list[JobCurve], found)), []
     curves, kept, held = [], [], []
