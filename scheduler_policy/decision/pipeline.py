@@ -36,7 +36,7 @@ from scheduler_policy.decision.messages import (
 )
 from scheduler_policy.decision.placement import GangFit
 from scheduler_policy.decision.reshape import Reshaped, reshape
-from scheduler_policy.decision.stabilize import Stabilized, stabilize
+from scheduler_policy.decision.stabilize import DAMPING_STEPS, Stabilized, stabilize
 from scheduler_policy.decision.triage import (
     NOT_MEASURED,
     read_columns,
@@ -322,7 +322,9 @@ def _decisions_and_changes(
     result = settled.stabilized if reshaped is None else reshaped.stabilized
     spec, held = table.current, table.held
     targets = result.targets.tolist()
-    reasons = [by or own for by, own in zip(result.held_by, allocation.reasons, strict=True)]
+    reasons = list(allocation.reasons)
+    for i in np.flatnonzero(result.held_step >= 0).tolist():  # held back by a damping step
+        reasons[i] = DAMPING_STEPS[int(result.held_step[i])]
     for i in np.flatnonzero((result.targets < spec) & (result.targets >= held)).tolist():
         reasons[i] = Reason.WITHDRAW_UNPLACED
     shaped = reshaped.explanations if reshaped is not None else {}
