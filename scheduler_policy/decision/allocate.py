@@ -356,7 +356,9 @@ def allocate(
                 for r, h in zip(reasons, held_back.tolist(), strict=True)
             )
     x_target = _curve_at(table, x_all, np.maximum(targets, 1.0), lo)
-    x_next = _curve_at(table, x_all, targets + 1.0, lo)
+    # A job at its maximum has no next replica (its next gain is 0 below): the curve is read
+    # there at the maximum, from the table, rather than computed past it for every job.
+    x_next = _curve_at(table, x_all, np.minimum(targets + 1.0, hi), lo)
     with np.errstate(divide="ignore", invalid="ignore"):
         gains = np.where(x_cur > 0, x_target / x_cur - 1.0, 0.0)
         next_gains = np.where(x_target > 0, x_next / x_target - 1.0, 0.0)
