@@ -117,7 +117,8 @@ class JobTable:
             placed = self._synced(np.arange(len(m)), n, m)
         else:
             # Apart, so that the inter-node terms are computed for those jobs only (the same
-            # arithmetic on each entry; at 10,000 jobs, 30% of them crossing, 1.5 ms less).
+            # arithmetic on each entry): 4.1 ms against 3.3 for engine_latency.py's 10,000
+            # jobs, 30% of them crossing (best of 40, side by side).
             n = np.broadcast_to(n, m.shape)
             placed = np.empty(m.shape)
             for rows in (np.flatnonzero(crosses), np.flatnonzero(~crosses)):
