@@ -228,21 +228,22 @@ def allocate(
         - base_gpus
     )
 
-    # Increments in row-major (job, k) order; the sorts below are stable, so ties keep it.
-    rows, cols = np.nonzero(eligible)
-    item_gpus = gpr[rows]
-    item_value = value[rows, cols]
-    growth = ~existing[rows, cols]
-    asked = k[rows, cols] <= table.current[rows]  # the job's spec already asks for it
-    item_must = must[rows, cols] if must is not None else np.zeros(len(rows), dtype=bool)
-    item_queue = qidx[rows]
+    # Increments in row-major (job, k) order, as flat indices into the (job, k) arrays (one
+    # index array to gather with, not two); the sorts below are stable, so ties keep it.
+    items = np.flatnonzero(eligible)
+    item_value = value.ravel()[items]
+    growth = ~existing.ravel()[items]
+    item_queue = qidx[items // width]
     # Sort by (queue, growth, -value), ties in (job, k) order. Replicas a job must keep come
     # first among the running ones.
-    rank_value = np.where(item_must, np.inf, item_value)
+    rank_value = item_value if must is None else np.where(must.ravel()[items], np.inf, item_value)
     order = by_group_best_first(item_queue * 2 + growth, rank_value)
-    rows, item_gpus, item_value = rows[order], item_gpus[order], item_value[order]
-    growth, item_queue, asked = growth[order], item_queue[order], asked[order]
-    item_must = item_must[order]
+    items = items[order]
+    item_value, growth, item_queue = item_value[order], growth[order], item_queue[order]
+    rows = items // width  # each increment's job
+    item_gpus = gpr[rows]
+    asked = k.ravel()[items] <= table.current[rows]  # the job's spec already asks for it
+    item_must = must.ravel()[items] if must is not None else np.zeros(len(items), dtype=bool)
     first = np.searchsorted(item_queue, np.arange(len(table.queue_names)))
 
     def spent_in_queue(gpus: FloatArray) -> FloatArray:
@@ -355,7 +356,9 @@ def allocate(
                 for r, h in zip(reasons, held_back.tolist(), strict=True)
             )
     x_target = _curve_at(table, x_all, np.maximum(targets, 1.0), lo)
-    x_next = _curve_at(table, x_all, targets + 1.0, lo)
+    # A job at its maximum has no next replica (its next gain is 0 below): the curve is read
+    # there at the maximum, from the table, rather than computed past it for every job.
+    x_next = _curve_at(table, x_all, np.minimum(targets + 1.0, hi), lo)
     with np.errstate(divide="ignore", invalid="ignore"):
         gains = np.where(x_cur > 0, x_target / x_cur - 1.0, 0.0)
         next_gains = np.where(x_target > 0, x_next / x_target - 1.0, 0.0)

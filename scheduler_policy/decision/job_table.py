@@ -23,6 +23,21 @@ BoolArray = npt.NDArray[np.bool_]
 _T = TypeVar("_T", bound=np.generic)
 
 
+def _floats(values: Sequence[float | None]) -> FloatArray:
+    """``values`` as a float column, None as NaN.
+
+    Where none or all are None (a column most jobs set, or none does), without numpy's
+    conversion of a list that mixes numbers and None (0.6 ms at 10,000 jobs, against 0.15).
+    """
+    count = len(values)
+    unset = values.count(None)
+    if unset == count:
+        return np.full(count, np.nan)
+    if unset == 0:
+        return np.fromiter(values, dtype=np.float64, count=count)
+    return np.array(values, dtype=np.float64)
+
+
 def _held(current: FloatArray, scheduled: FloatArray) -> IntArray:
     """``JobState.held_replicas`` for every job at once (NaN scheduled: unknown, all held)."""
     held = np.where(np.isnan(scheduled), current, np.clip(scheduled, 0.0, current))
@@ -95,19 +110,36 @@ class JobTable:
         count spans when packed (k × GPUs per replica on the job's node size)."""
         if self.sync is None or self.placed is None:
             return self._unplaced(n)
-        assert self.cross_node_max is not None and self.gpus_per_node is not None
+        assert self.gpus_per_node is not None
         m = packed_nodes(n, self.gpus_per_replica[:, None], self.gpus_per_node[:, None])
-        placed = sync_throughput(
-            lam=self.lam[:, None],
-            terms=[self.sync[:, j, None] for j in range(self.sync.shape[1])],
-            cross_node_max=self.cross_node_max[:, None],
-            k=n,
-            m=m,
-        )
+        crosses = (m > 1.0).any(axis=1)  # the jobs some count of which spans several nodes
+        if crosses.all() or not crosses.any():
+            placed = self._synced(np.arange(len(m)), n, m)
+        else:
+            # Apart, so that the inter-node terms are computed for those jobs only (the same
+            # arithmetic on each entry): 4.1 ms against 3.3 for engine_latency.py's 10,000
+            # jobs, 30% of them crossing (best of 40, side by side).
+            n = np.broadcast_to(n, m.shape)
+            placed = np.empty(m.shape)
+            for rows in (np.flatnonzero(crosses), np.flatnonzero(~crosses)):
+                placed[rows] = self._synced(rows, n[rows], m[rows])
         if self.placed.all():  # every curve has sync terms: no job reads the USL form
             return placed
         result: FloatArray = np.where(self.placed[:, None], placed, self._unplaced(n))
         return result
+
+    def _synced(self, rows: IntArray, n: FloatArray, m: FloatArray) -> FloatArray:
+        """The throughput of jobs ``rows`` at counts ``n`` (one row each) on ``m`` nodes, under
+        their sync terms."""
+        assert self.sync is not None and self.cross_node_max is not None
+        sync = self.sync[rows]
+        return sync_throughput(
+            lam=self.lam[rows, None],
+            terms=[sync[:, j, None] for j in range(sync.shape[1])],
+            cross_node_max=self.cross_node_max[rows, None],
+            k=n,
+            m=m,
+        )
 
     def _unplaced(self, n: FloatArray) -> FloatArray:
         """Each job's throughput at ``n`` under its USL form, goodput jobs' rows read from
@@ -162,11 +194,16 @@ class JobTable:
         """
         # Every job (rows, sorted and distinct, is then 0, 1, ..., n-1): no copy of a column.
         everything = len(rows) == len(columns.jobs)
-        jobs = columns.jobs if everything else tuple(map(columns.jobs.__getitem__, rows.tolist()))
+        if everything:
+            jobs, keys = columns.jobs, columns.keys
+        else:
+            picked = rows.tolist()
+            jobs = tuple(map(columns.jobs.__getitem__, picked))
+            keys = tuple(map(columns.keys.__getitem__, picked))
 
         def column(name: str) -> FloatArray:
             """Attribute ``name`` of every job as floats (None becomes NaN)."""
-            return np.array(list(map(attrgetter(name), jobs)), dtype=np.float64)
+            return _floats(list(map(attrgetter(name), jobs)))
 
         def take(values: npt.NDArray[_T]) -> npt.NDArray[_T]:
             return values if everything else values[rows]
@@ -184,7 +221,7 @@ class JobTable:
         sync = curves.sync if placed.any() else None
         return cls(
             jobs=jobs,
-            keys=tuple(map(attrgetter("key"), jobs)),
+            keys=keys,
             queue_names=columns.queue_names,
             queue_index=take(columns.queue_index),
             min_replicas=lo,
@@ -225,6 +262,7 @@ class JobColumns:
 
     Attributes:
         jobs: the jobs.
+        keys: each job's key.
         queue_names: the queues the policy manages that the observation has, sorted.
         queue_index: each job's queue in ``queue_names``; ``OTHER_QUEUE`` for a queue the
             observation has that the policy does not manage, ``UNKNOWN_QUEUE`` for one it
@@ -241,6 +279,7 @@ class JobColumns:
     """
 
     jobs: tuple[JobState, ...]
+    keys: tuple[JobKey, ...]
     queue_names: tuple[QueueName, ...]
     queue_index: IntArray
     elastic: BoolArray
@@ -288,7 +327,7 @@ class JobColumns:
         lo, hi = integers("min_replicas"), integers("max_replicas")
         current = integers("current_replicas")
         restarts = list(map(attrgetter("restart_cost_s"), jobs))
-        restart = np.array(restarts, dtype=np.float64)
+        restart = _floats(restarts)
         unset = np.isnan(restart)
         if restarts.count(None) != int(unset.sum()):  # a NaN cost, not None: not valid
             unset = np.fromiter(map(is_, restarts, repeat(None)), dtype=bool, count=count)
@@ -307,6 +346,7 @@ class JobColumns:
         )
         return cls(
             jobs=jobs,
+            keys=tuple(map(attrgetter("key"), jobs)),
             queue_names=names,
             queue_index=np.fromiter(
                 map(codes.get, map(attrgetter("queue"), jobs), repeat(UNKNOWN_QUEUE)),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
 
 from scheduler_policy.decision.budget import QueueBudget
 from scheduler_policy.decision.placement import GangFit
@@ -48,10 +47,15 @@ class DecisionBatch:
         )
 
 
-class DecisionContext(NamedTuple):
+@dataclass(slots=True)
+class DecisionContext:
     """One decision's explanation: its place in its batch, rendered only when someone reads the
     message (writing out all 10,000 sentences of a large round took 47 ms; a pair is cheap).
-    A NamedTuple for the reason ``ScalingDecision`` is one: a round builds one per job."""
+
+    Not frozen: a round builds one per job, and a frozen dataclass's ``__init__`` sets each
+    field through ``object.__setattr__`` (10,000 took 3.0 ms against 1.2, measured side by
+    side). Nothing assigns to one after it is built.
+    """
 
     batch: DecisionBatch
     position: int

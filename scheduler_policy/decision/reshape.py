@@ -126,7 +126,7 @@ def reshape(
     last_rescale_s = stabilized.last_rescale_s.copy()
     memory_changed = stabilized.memory_changed.copy()
     recommendations = list(stabilized.recommendations)
-    held_by = list(stabilized.held_by)
+    held_step = stabilized.held_step.copy()
     keep_s = max(policy.defaults.window_up_s, policy.defaults.window_down_s)
     explanations = {}
     for key, target in plan.shrunk.items():
@@ -142,7 +142,7 @@ def reshape(
         )
         recommendations[i] = kept[0]
         memory_changed[i] = bool(changed[0]) or moved
-        held_by[i] = None
+        held_step[i] = -1
         explanations[i] = GangShapeWhy(
             job=key,
             queue=job.queue,
@@ -154,7 +154,7 @@ def reshape(
     return Reshaped(
         Stabilized(
             targets=new_targets,
-            held_by=tuple(held_by),
+            held_step=held_step,
             last_rescale_s=last_rescale_s,
             recommendations=tuple(recommendations),
             memory_changed=memory_changed,

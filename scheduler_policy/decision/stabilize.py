@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -208,23 +207,39 @@ def window_extremes(
     return up_min, down_max
 
 
+DAMPING_STEPS = (
+    Reason.WITHIN_TOLERANCE,
+    Reason.LIMITED_BY_BOUNDS,
+    Reason.LIMITED_BY_RATE,
+    Reason.COOLDOWN,
+    Reason.STABILIZATION_WINDOW,
+)
+"""The damping chain's steps, in their order (``Stabilized.held_step`` indexes it)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Stabilized:
     """The damped targets, why each step held them, and the memory to store.
 
     Attributes:
         targets: replicas per job after every step.
-        held_by: the last step that changed each job's target, or None if none did.
+        held_step: the last step that changed each job's target, as its index in
+            ``DAMPING_STEPS``; -1 where none did.
         last_rescale_s: when each job was last rescaled after this round; NaN for never.
         recommendations: each job's recommendations after this round.
         memory_changed: where the memory differs from what was passed in (a write is due).
     """
 
     targets: IntArray
-    held_by: tuple[Reason | None, ...]
+    held_step: IntArray
     last_rescale_s: FloatArray
     recommendations: tuple[tuple[Recommendation, ...], ...]
     memory_changed: BoolArray
+
+    @property
+    def held_by(self) -> tuple[Reason | None, ...]:
+        """The last step that changed each job's target, or None if none did."""
+        return tuple(DAMPING_STEPS[step] if step >= 0 else None for step in self.held_step.tolist())
 
     def memories(self, indices: Sequence[int]) -> list[JobMemory]:
         """The memories of jobs ``indices`` after this round, as stored on the jobs."""
@@ -329,21 +344,13 @@ def stabilize(
             forced=forced,
         )
 
-    steps: tuple[tuple[Reason, Callable[[IntArray], IntArray]], ...] = (
-        (Reason.WITHIN_TOLERANCE, tolerance),
-        (Reason.LIMITED_BY_BOUNDS, bounds),
-        (Reason.LIMITED_BY_RATE, rate),
-        (Reason.COOLDOWN, cooldown),
-        (Reason.STABILIZATION_WINDOW, windows),
-    )
+    steps: tuple[Callable[[IntArray], IntArray], ...] = (tolerance, bounds, rate, cooldown, windows)
     desired = recommended
-    held_code = np.full(len(current), -1, dtype=np.int64)
-    for code, (_, step) in enumerate(steps):
+    held_step = np.full(len(current), -1, dtype=np.int64)
+    for code, step in enumerate(steps):  # in the order of ``DAMPING_STEPS``
         after = step(desired)
-        held_code[after != desired] = code
+        held_step[after != desired] = code
         desired = after
-    by_code = (*(reason for reason, _ in steps), None)  # code -1 (no step held) reads None
-    held_by = tuple(map(by_code.__getitem__, held_code.tolist()))
     moved = desired != current
     # Within one interval of its last rescale a job cannot move (``hold_in_cooldown``), and its
     # memory stays as it is: the move changed what the allocator recommends for it (a rate
@@ -359,7 +366,7 @@ def stabilize(
     )
     return Stabilized(
         targets=desired,
-        held_by=held_by,
+        held_step=held_step,
         last_rescale_s=np.where(moved, now_s, last_rescale_s),
         recommendations=kept,
         memory_changed=changed | moved,
@@ -410,17 +417,11 @@ def remember(
     if keep_s > 0:
         # The usual change, found for all jobs at once: one recommendation, older than now, and
         # a new one. It is kept with the new one after it (which is in force from now, inside
-        # every window). Built in C, the tuples cost a tenth of the loop's general case below.
+        # every window).
         simple = ~steady & (lengths == 1) & (since < now_s) & (last_replicas != recommended)
         rows = np.flatnonzero(simple).tolist()
-        firsts = map(itemgetter(0), map(recommendations.__getitem__, rows))
-        news = map(
-            tuple.__new__,
-            repeat(Recommendation),
-            zip(repeat(now_s), map(wanted.__getitem__, rows), strict=False),
-        )
-        for i, kept_pair in zip(rows, zip(firsts, news, strict=True), strict=True):
-            out[i] = kept_pair
+        for i in rows:
+            out[i] = (recommendations[i][0], Recommendation(now_s, wanted[i]))
         changed[rows] = True
         steady |= simple
     for i in np.flatnonzero(~steady).tolist():

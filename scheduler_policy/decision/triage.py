@@ -136,7 +136,10 @@ def triage(
     ready_rows = np.flatnonzero(plain)
     if rows:
         ready_rows = np.sort(np.concatenate([ready_rows, np.asarray(rows, dtype=np.int64)]))
-    ready = list(map(jobs.__getitem__, ready_rows.tolist()))
+    if len(ready_rows) == len(jobs):  # every job (rows 0, 1, ..., n - 1): no lookups
+        ready = list(jobs)
+    else:
+        ready = list(map(jobs.__getitem__, ready_rows.tolist()))
     stale: dict[JobKey, str] = {}
     reasons = list(map(attrgetter("stale_reason"), ready))
     measured = np.fromiter(

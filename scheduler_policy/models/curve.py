@@ -18,8 +18,9 @@ from scheduler_policy.models.scaling import usl_throughput
 FloatArray = npt.NDArray[np.float64]
 
 # A curve's figures as one row of doubles (``JobCurve.packed``): λ, σ, κ, measured, sizes, the
-# cross-node cap, the node size, whether it has sync terms, then the sync terms (zeros if none).
-_ROW = struct.Struct(f"<{8 + len(SYNC_TERMS)}d")
+# cross-node cap, the node size, whether it has sync terms, whether it is a goodput curve, then
+# the sync terms (zeros if none).
+_ROW = struct.Struct(f"<{9 + len(SYNC_TERMS)}d")
 _NO_SYNC = (0.0,) * len(SYNC_TERMS)
 
 
@@ -78,6 +79,7 @@ class JobCurve:
             self.cross_node_max_samples_per_s,
             self.gpus_per_node,
             float(bool(self.sync)),
+            float(self.goodput is not None),
             *sync,
         )
         object.__setattr__(self, "packed", _ROW.pack(*row))
@@ -162,6 +164,11 @@ class CurveColumns:
             cross_node_max=table[:, 5],
             gpus_per_node=table[:, 6],
             placed=table[:, 7] != 0.0,
-            sync=table[:, 8:],
-            goodput=GoodputColumns.of(list(map(attrgetter("goodput"), curves))),
+            sync=table[:, 9:],
+            # Read from the curves only where one adapts its batch (most rounds, none does).
+            goodput=(
+                GoodputColumns.of(list(map(attrgetter("goodput"), curves)))
+                if table[:, 8].any()
+                else None
+            ),
         )
