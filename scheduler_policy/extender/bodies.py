@@ -168,7 +168,7 @@ class EvictionRequest:
     evictees: tuple[Task, ...]
 
 
-def parse_eviction(raw: bytes, *, max_bytes: int = MAX_BODY_BYTES) -> EvictionRequest:
+def parse_eviction(raw: bytes | bytearray, *, max_bytes: int = MAX_BODY_BYTES) -> EvictionRequest:
     """Read a ``reclaimable``/``preemptable`` body.
 
     Args:
@@ -189,7 +189,7 @@ def parse_eviction(raw: bytes, *, max_bytes: int = MAX_BODY_BYTES) -> EvictionRe
         return _read(raw)
 
 
-def _read(raw: bytes) -> EvictionRequest:
+def _read(raw: bytes | bytearray) -> EvictionRequest:
     """The body through the typed decoder (``typed.py``); what it does not take, through the
     standard reader, whose errors name the fault and its path."""
     try:
@@ -287,7 +287,7 @@ def _standard_task(raw: msgspec.Raw, path: str) -> Task:
     return _task(info, path, text=text)
 
 
-def _read_standard(raw: bytes) -> EvictionRequest:
+def _read_standard(raw: bytes | bytearray) -> EvictionRequest:
     """The body through the standard decoder, every value checked with its path."""
     try:
         text = raw.decode("utf-8")

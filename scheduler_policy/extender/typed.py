@@ -159,7 +159,7 @@ _TYPED_BODY = msgspec.json.Decoder(TypedBodyView)
 _TASK_INFO = msgspec.json.Decoder(TaskInfoView)
 
 
-def split_body(raw: bytes) -> BodyView:
+def split_body(raw: bytes | bytearray) -> BodyView:
     """The body's evictor and evictees as raw JSON texts.
 
     Args:
@@ -174,7 +174,7 @@ def split_body(raw: bytes) -> BodyView:
     return _BODY.decode(raw)
 
 
-def typed_body(raw: bytes) -> TypedBodyView:
+def typed_body(raw: bytes | bytearray) -> TypedBodyView:
     """Every TaskInfo of the body, decoded in one call (a decode per TaskInfo cost 0.2-0.6 ms
     more of CPU at 1,000 evictees, timed on the 2-core machine).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
@@ -373,3 +374,59 @@ def test_probes_are_answered_while_a_large_body_is_read(
     status_line, _, rest = response.partition(b"\r\n")
     assert status_line == b"HTTP/1.1 200 OK", response[:500]
     assert json.loads(rest.partition(b"\r\n\r\n")[2])["status"] == 1
+
+
+def _chunked_post(port: int, body: bytes) -> tuple[int, Any]:
+    """POST ``body`` with ``Transfer-Encoding: chunked`` (no Content-Length), in 3 chunks."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
+    try:
+        third = max(1, len(body) // 3)
+        chunks = [body[i : i + third] for i in range(0, len(body), third)]
+        connection.request(
+            "POST",
+            "/extender/reclaimable",
+            body=iter(chunks),
+            headers={"Content-Type": "application/json"},
+            encode_chunked=True,
+        )
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+@needs_wire
+def test_a_chunked_body_is_read_and_answered_as_one_with_a_length(served: Served) -> None:
+    served.engine.extender.update(make_view(target=10))
+    body = recorded_body()
+
+    status, answer = _chunked_post(served.port, encode(body))
+
+    assert status == 200
+    assert answer == {"status": 1, "victims": body["evictees"][:1]}
+
+
+@needs_wire
+def test_an_oversized_chunked_body_is_a_400(serve: Callable[..., Served]) -> None:
+    s = serve(max_body_bytes=4096)
+    status, answer = _chunked_post(s.port, encode(recorded_body()))
+    assert (status, answer) == (400, {"error": "body is larger than the 4096 bytes"})
+
+
+def test_a_body_shorter_than_its_content_length_is_never_answered_as_read(
+    served: Served,
+) -> None:
+    # The client says 1,000 bytes, sends 12 and stops sending: the server must not answer the
+    # 12 bytes (nor the zeros of its buffer) as the body.
+    with socket.create_connection(("127.0.0.1", served.port), timeout=TIMEOUT_S) as sock:
+        sock.sendall(
+            b"POST /extender/reclaimable HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nContent-Length: 1000\r\n\r\n" + b'{"evictees":'
+        )
+        sock.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    assert not reply.startswith(b"HTTP/1.1 200"), reply[:200]
+    assert served.engine.withheld_calls == 0
+    assert served.get("/healthz")[0] == 200
