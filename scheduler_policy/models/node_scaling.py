@@ -114,15 +114,16 @@ def sync_throughput(
     ring = (k1 - 1.0) / k1
     intra = p_r * ring + q_r * (k1 - 2.0) + c * k1 * (k1 - 1.0)
     one_node = m_a <= 1.0
-    if one_node.all():  # the inter-node terms and the cap would select nothing
-        x1 = np.asarray(lam, dtype=np.float64) * k1 / (1.0 + np.where(k1 >= 2.0, intra, 0.0))
-        within: FloatArray = np.where(k_a >= 1.0, x1, 0.0)
-        return within
-    inter = (p_n + u_n / np.maximum(m_a - 1.0, 1.0)) * ring + q_n * (k1 - 2.0) + h_n * (m_a - 2.0)
-    rel = 1.0 + np.where(k1 >= 2.0, np.where(one_node, intra, inter), 0.0)
-    x = np.asarray(lam, dtype=np.float64) * k1 / rel
-    capped = np.where((m_a > 1.0) & (k_a >= 2.0), np.minimum(x, cross_node_max), x)
-    result: FloatArray = np.where(k_a >= 1.0, capped, 0.0)
+    crosses = not one_node.all()  # else the inter-node terms and the cap would select nothing
+    sync = intra
+    if crosses:
+        inter = (p_n + u_n / np.maximum(m_a - 1.0, 1.0)) * ring + q_n * (k1 - 2.0)
+        inter = inter + h_n * (m_a - 2.0)
+        sync = np.where(one_node, intra, inter)
+    x = np.asarray(lam, dtype=np.float64) * k1 / (1.0 + np.where(k1 >= 2.0, sync, 0.0))
+    if crosses:
+        x = np.where((m_a > 1.0) & (k_a >= 2.0), np.minimum(x, cross_node_max), x)
+    result: FloatArray = np.where(k_a >= 1.0, x, 0.0)
     return result
 
 
