@@ -55,9 +55,7 @@ def read_bounds(value: object, path: str, problems: list[str]) -> BatchBounds | 
     if b is None:
         return None
     before = len(problems)
-    for required in ("initialBatchSize", "maxBatchSize", "localBatchMax"):
-        if required not in b.mapping:
-            problems.append(f"{path}.{required}: is required")
+    b.require("initialBatchSize", "maxBatchSize", "localBatchMax")
     initial = b.get("initialBatchSize", 1, _at_least_one)
     largest = b.get("maxBatchSize", 1, _at_least_one)
     low = b.get("localBatchMin", 1, _at_least_one)
@@ -92,9 +90,7 @@ def _step(value: object, path: str, problems: list[str]) -> StepTimes | None:
     if s is None:
         return None
     before = len(problems)
-    for required in ("replicas", "localBatchSize", "optimStepS"):
-        if required not in s.mapping:
-            problems.append(f"{path}.{required}: is required")
+    s.require("replicas", "localBatchSize", "optimStepS")
     step = StepTimes(
         nodes=s.get("nodes", 1, _at_least_one),
         replicas=s.get("replicas", 1, _at_least_one),

@@ -145,9 +145,7 @@ def _job(value: object, path: str, problems: list[str]) -> JobState | None:
     j = section(value, path=path, allowed=_JOB, problems=problems)
     if j is None:
         return None
-    for required in ("key", "queue"):
-        if required not in j.mapping:
-            problems.append(f"{path}.{required}: is required")
+    j.require("key", "queue")
     points = [_point(v, p, problems) for p, v in _items(j, "throughput")]
     job = JobState(
         key=JobKey(j.get("key", "", nonempty_string)),

@@ -149,6 +149,12 @@ class Section:
             self.problems.append(str(error))
             return default
 
+    def require(self, *keys: str) -> None:
+        """Note ``path.key: is required`` for each of ``keys`` the mapping lacks."""
+        for key in keys:
+            if key not in self.mapping:
+                self.problems.append(f"{join_path(self.path, key)}: is required")
+
     def section(self, key: str, allowed: Collection[str]) -> Section | None:
         """The nested mapping at ``key``, or None when it is absent or not a mapping."""
         if key not in self.mapping:
