@@ -280,9 +280,9 @@ async def _read_body(request: web.Request, *, max_bytes: int) -> bytes | bytearr
     With a ``Content-Length`` (what Volcano's Go client sends), the body is copied as it arrives
     into one buffer of that size: ``request.read()`` grows a ``bytearray`` and copies it into
     ``bytes`` at the end, which took 11-12 ms for a 5.3 MB body against 2.6-2.9 ms this way
-    (the engine's server, ``benchmarks/extender_latency.py``'s body, the 2-core machine). Without
-    one (chunked), the body is read
-    by ``request.read()``, which enforces the server's size limit as it reads.
+    (the engine's server, ``benchmarks/extender_latency.py``'s body, the 2-core machine).
+    Without one (chunked), the body is read by ``request.read()``, which enforces the server's
+    size limit as it reads.
 
     Raises:
         web.HTTPRequestEntityTooLarge: the body is larger than ``max_bytes``.
