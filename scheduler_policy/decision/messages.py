@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scheduler_policy.decision.budget import QueueBudget
 from scheduler_policy.decision.placement import GangFit
@@ -14,8 +14,13 @@ from scheduler_policy.vocabulary.state import JobKey, JobState, PendingGang, Que
 
 @dataclass(frozen=True, slots=True)
 class DecisionBatch:
-    """What the messages of one round's decisions are made from, as columns (one per job), and
-    the budget of each queue."""
+    """The explanation of one round's allocator decisions, all of them: what their sentences are
+    made from, as columns (one entry per job), and the budget of each queue.
+
+    Every decision of the round carries this one object as its ``why`` and it writes the
+    sentence of whichever job is asked for, when someone reads it. Most of a large round's
+    decisions are holds whose sentence nobody reads.
+    """
 
     reasons: Sequence[Reason]
     jobs: Sequence[JobState]
@@ -27,42 +32,35 @@ class DecisionBatch:
     measured: Sequence[bool]
     defaults: Defaults
     goodput: GoodputColumns | None = None
+    # Each job's position in the columns, filled when the first sentence is asked for.
+    _rows: dict[JobKey, int] = field(default_factory=dict, init=False, compare=False, repr=False)
 
-    def render(self, index: int) -> str:
-        """Decision ``index``'s sentence; see ``decision_message``."""
-        job = self.jobs[index]
+    def render(self, job: JobKey) -> str:
+        """See base class (``Explanation``): ``job``'s sentence; see ``decision_message``.
+
+        Raises:
+            KeyError: ``job`` has no decision in this batch.
+        """
+        if not self._rows:
+            self._rows.update((state.key, i) for i, state in enumerate(self.jobs))
+        index = self._rows.get(job)
+        if index is None:
+            raise KeyError(f"job {job} has no decision in this round's batch")
+        state = self.jobs[index]
         return decision_message(
             self.reasons[index],
-            job=job,
+            job=state,
             target=self.targets[index],
             recommended=self.recommended[index],
             gain=self.gains[index],
             next_gain=self.next_gains[index],
-            budget=self.budgets[job.queue],
+            budget=self.budgets[state.queue],
             defaults=self.defaults,
             measured=self.measured[index],
             goodput_batch=(
                 None if self.goodput is None else self.goodput.batch(index, self.targets[index])
             ),
         )
-
-
-@dataclass(slots=True)
-class DecisionContext:
-    """One decision's explanation: its place in its batch, rendered only when someone reads the
-    message (writing out all 10,000 sentences of a large round took 47 ms; a pair is cheap).
-
-    Not frozen: a round builds one per job, and a frozen dataclass's ``__init__`` sets each
-    field through ``object.__setattr__`` (10,000 took 3.0 ms against 1.2, measured side by
-    side). Nothing assigns to one after it is built.
-    """
-
-    batch: DecisionBatch
-    position: int
-
-    def render(self) -> str:
-        """See base class (``Explanation``)."""
-        return self.batch.render(self.position)
 
 
 def _gpus(value: float) -> str:
@@ -207,8 +205,8 @@ class GangShapeWhy:
     extra_gpus: float
     gangs: tuple[GangFit, ...]
 
-    def render(self) -> str:
-        """See base class (``Explanation``)."""
+    def render(self, job: JobKey) -> str:
+        """See base class (``Explanation``): the sentence of ``self.job``, whichever job asks."""
         return gang_shape_message(self)
 
 

@@ -81,7 +81,7 @@ class ReplicaChange:
     @property
     def message(self) -> str:
         """Why, for people."""
-        return self.why.render()
+        return self.why.render(self.job)
 
 
 class MetricsSource(Protocol):

@@ -440,11 +440,13 @@ class Explanation(Protocol):
 
     Decisions and writes carry one, never a bare string: most of a large round's decisions are
     holds whose sentence nobody reads, and writing out all 10,000 of them took 47 ms, as long
-    as the rest of the decision. ``Sentence`` is one already written out.
+    as the rest of the decision. One explanation may serve many decisions (a round's allocator
+    decisions share one), so it is asked for the sentence of one job. ``Sentence`` is one
+    already written out.
     """
 
-    def render(self) -> str:
-        """The sentence."""
+    def render(self, job: JobKey) -> str:
+        """The sentence of ``job``'s decision."""
         ...
 
 
@@ -454,8 +456,8 @@ class Sentence:
 
     text: str
 
-    def render(self) -> str:
-        """See base class."""
+    def render(self, job: JobKey) -> str:
+        """See base class: the text, whichever job asks."""
         return self.text
 
 
@@ -483,7 +485,7 @@ class ScalingDecision(NamedTuple):
     @property
     def message(self) -> str:
         """One sentence for people saying why."""
-        return self.why.render()
+        return self.why.render(self.job)
 
     @property
     def changes(self) -> bool:

@@ -203,7 +203,7 @@ def test_only_the_leader_writes_and_the_next_leader_honours_its_cooldown(
     round_ = second.service.last_round
     assert round_ is not None
     (decision,) = [d for d in round_.result.decisions if d.job == key]
-    assert decision.reason is Reason.COOLDOWN, decision.why.render()
+    assert decision.reason is Reason.COOLDOWN, decision.message
     assert decision.target_replicas == decision.current_replicas == 4
     assert replicas(world, "a") == 4
     stored = decode_memory(world.get("a")["metadata"]["annotations"][MEMORY_ANNOTATION], job=key)

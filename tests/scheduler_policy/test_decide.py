@@ -548,3 +548,20 @@ def test_a_job_the_fits_do_not_cover_is_held():
     assert (decision.target_replicas, decision.reason) == (2, Reason.MODEL_FIT_FAILED)
     assert "no scaling curve was fitted" in decision.message
     assert plan.changes == ()
+
+
+def test_a_rounds_decisions_share_one_explanation_that_writes_each_jobs_own_sentence():
+    observation = make_observation(
+        make_job("a", current=2, max_replicas=8),
+        make_job("b", current=2, max_replicas=2),
+        free=8,
+    )
+    decisions = {
+        d.job.removeprefix("ns/"): d for d in fit_and_decide(observation, make_policy()).decisions
+    }
+    assert decisions["a"].why is decisions["b"].why
+    assert decisions["a"].reason is Reason.SCALE_UP_FOR_IDLE_GPUS
+    assert decisions["a"].message.startswith("queue q has room for elastic growth; 8 replicas")
+    assert decisions["b"].message == "2 replicas fit queue q's budget and are worth their GPUs"
+    with pytest.raises(KeyError, match="ns/other has no decision"):
+        decisions["a"].why.render(JobKey("ns/other"))

@@ -686,7 +686,7 @@ def test_a_job_sharing_the_gangs_shrink_says_what_the_gang_costs_in_all():
                            gangs=[gang(pods=1)])  # fmt: skip
     why = GangShapeWhy(job=a.key, queue=QueueName("research"), target=plan.targets[a.key],
                        settled=8, extra_gpus=plan.extra_gpus[a.key], gangs=plan.gangs)  # fmt: skip
-    assert why.render() == (
+    assert why.render(a.key) == (
         "pending gang prod/g (1 x 8 GPU(s)) needs whole nodes: this frees n0 for it; its "
         "further shrinks give up 8 GPU(s) in all; Volcano deletes the highest task indices "
         "first, so 6 replicas, not the 8 that queue research's budget leaves: 2 GPU(s) beyond "

@@ -173,7 +173,7 @@ def decision_lines(result: ReconcileResult) -> list[dict[str, Any]]:
                 "current": d.current_replicas,
                 "target": d.target_replicas,
                 "reason": d.reason.value,
-                "message": d.why.render(),
+                "message": d.message,
                 "budget_gpus": _finite(budget.elastic_gpus) if budget is not None else None,
                 "queue_allocated_gpus": _finite(allocated.get(queue)) if queue else None,
                 "throughput_points": len(job.throughput_history) if job is not None else 0,
