@@ -553,7 +553,7 @@ def test_the_documented_rbac_is_all_the_client_needs(world, control_plane):
 class Unrenderable:
     """An explanation whose sentence fails to render."""
 
-    def render(self) -> str:
+    def render(self, job: str) -> str:
         raise RuntimeError("the template is broken")
 
     def __str__(self) -> str:
