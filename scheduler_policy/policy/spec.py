@@ -43,8 +43,9 @@ class Defaults:
             progress, when it starts; the estimate grows with the job's age (``allocate``).
         starvation_bound_s: the age after which a job below the replicas its owner asked for
             gains priority (aging): the replicas up to its asked size rank as if its remaining
-            time were divided by ``1 + (age - bound) / bound``, so shortest-remaining-first
-            lets no long job sit below its asked size for ever. None for no aging.
+            time at its asked size were divided by ``1 + (age - bound) / bound``, so
+            shortest-remaining-first lets no long job sit below its asked size for ever. None
+            for no aging.
     """
 
     tolerance: float = 0.05
@@ -55,7 +56,7 @@ class Defaults:
     window_up_s: float = 0.0
     window_down_s: float = 300.0
     assumed_remaining_s: float = 3600.0
-    starvation_bound_s: float | None = 3600.0
+    starvation_bound_s: float | None = 7200.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -100,6 +100,27 @@ SCENARIOS = {
         {"starvation_bound_s": H},
         {"long": 1, "short": 2},
     ),
+    # "starved" holds 1 of the 4 replicas it asked for, with 2.88e6 samples left: 8 h at its
+    # held size, 2.1 h at its asked size (~377 samples/s); "other" has 1.5 h left at 1 replica.
+    # Aged 3 h against a 1 h bound, "starved" ranks at 2.1 h / 3 = 0.7 h, not 8 h / 3 = 2.7 h.
+    "past-the-bound-ranked-at-the-asked-size": (
+        (
+            _job("other", age_h=0.1, remaining=5.4e5),
+            _job("starved", age_h=3.0, requested=4, remaining=2.88e6),
+        ),
+        1.0,
+        {"starvation_bound_s": H},
+        {"other": 1, "starved": 2},
+    ),
+    "within-the-bound-ranked-at-the-held-size": (
+        (
+            _job("other", age_h=0.1, remaining=5.4e5),
+            _job("starved", age_h=3.0, requested=4, remaining=2.88e6),
+        ),
+        1.0,
+        {"starvation_bound_s": 6 * H},
+        {"other": 2, "starved": 1},
+    ),
     # Both aged, one idle GPU: 6 h / 5 = 1.2 h for "a" against 4 h / 3 = 1.33 h for "b".
     "two-aged-the-longest-running-first": (
         (_job("b", age_h=3.0, requested=2), _job("a", age_h=5.0, requested=2)),
