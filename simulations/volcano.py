@@ -249,6 +249,8 @@ def victim_task(job: SimJob, position: int) -> Task:
         task_index=index,
         grace_period_s=job.save_exit_s,
         text=json.dumps({"UID": f"{job.key}#{index}"}).encode(),
+        # An elastic Job's pods carry the label, as the example Jobs' pod templates set it.
+        elastic=job.spec.elastic,
     )
 
 

@@ -12,8 +12,11 @@ proceeds as without tide. The rules (DESIGN.md, "Graceful shrink"):
   staleness bound: Volcano then proceeds as if tide were absent;
 - a pod is withheld when it is of the scaling task of an elastic job in tide's plan, from the
   first ask (before the plan shrinks that job: the reconcile the withholding triggers decides
-  which jobs shrink), with a task index at or above the job's minimum (never below it), never
-  when the pod is not preemptable (not tide's to offer or protect), and only for the pod's
+  which jobs shrink), with a task index at or above the job's minimum (never below it), or when
+  it is marked ``tide.io/elastic: "true"`` and its Job is not in tide's plan yet (submitted since
+  the last reconcile: the reconcile the withholding triggers sees it; its minimum is not known
+  before then), never when the pod is not preemptable (not tide's to offer or protect), and only
+  for the pod's
   ``terminationGracePeriodSeconds`` plus a margin, counted from the first time it was withheld
   for the same evictor's PodGroup (each pending gang Volcano reclaims for gets one window: a pod
   withheld for one gang, whose GPUs tide freed elsewhere, is not killed at once for the next
@@ -300,12 +303,12 @@ class Extender:
             window_s = task.grace_period_s + self.grace_margin_s
             key = (task.uid, evictor)
             entry = windows.get(key)
-            if entry is None or entry[0] != job.key or now_s - entry[2] > 2 * window_s:
+            if entry is None or entry[0] != job or now_s - entry[2] > 2 * window_s:
                 since_s = now_s  # a new window: first ask, or that reclaim ended long ago
             else:
                 since_s = entry[1]
             last_s = max(now_s, entry[2] if entry else now_s)
-            seen[key] = (job.key, since_s, last_s, window_s)
+            seen[key] = (job, since_s, last_s, window_s)
             end_s = since_s + task.grace_period_s + self.grace_margin_s  # as the docs add it
             if now_s >= end_s:
                 expired += 1
@@ -341,20 +344,21 @@ class Extender:
         )
 
 
-def _managed_job_of(task: Task, view: ExtenderView) -> ShrinkingJob | None:
+def _managed_job_of(task: Task, view: ExtenderView) -> JobKey | None:
     """The elastic job this pod is tide's to withhold for, or None.
 
     It is tide's when it is preemptable, of the scaling task of an elastic job in tide's plan,
-    with a task index at or above the job's minimum.
+    with a task index at or above the job's minimum; or preemptable and marked elastic
+    (``Task.elastic``), of a Job tide's plan does not have yet.
     """
     if not task.preemptable or task.job is None or task.task_index is None:
         return None
     job = view.jobs.get(task.job)
-    if job is None or (task.role and task.role != job.task):
+    if job is None:
+        return task.job if task.elastic else None
+    if (task.role and task.role != job.task) or task.task_index < job.min_replicas:
         return None
-    if task.task_index < job.min_replicas:
-        return None
-    return job
+    return job.key
 
 
 def _check_bound(stale_after_s: float) -> float:

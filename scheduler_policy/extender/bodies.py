@@ -28,6 +28,7 @@ import msgspec
 
 from scheduler_policy.extender.scan import decode_body, gc_paused
 from scheduler_policy.extender.typed import (
+    ELASTIC_LABEL,
     GPU_RESOURCE,
     JOB_NAME_LABEL,
     NULL,
@@ -100,6 +101,8 @@ class Task(msgspec.Struct, frozen=True, gc=False):
         grace_period_s: the pod's ``spec.terminationGracePeriodSeconds`` (default 30 s).
         text: the TaskInfo's JSON text (UTF-8) exactly as Volcano sent it, echoed back in the
             victims (``raw`` decodes it).
+        elastic: the pod is marked ``tide.io/elastic: "true"`` (label or annotation): a pod of
+            an elastic tide Job, even one tide has not planned for yet.
     """
 
     uid: str
@@ -114,6 +117,7 @@ class Task(msgspec.Struct, frozen=True, gc=False):
     task_index: int | None
     grace_period_s: float
     text: bytes
+    elastic: bool = False
 
     def _compared(self) -> tuple[object, ...]:
         return (
@@ -128,6 +132,7 @@ class Task(msgspec.Struct, frozen=True, gc=False):
             self.job,
             self.task_index,
             self.grace_period_s,
+            self.elastic,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -257,6 +262,7 @@ def _view_task(info: TaskInfoView, raw: msgspec.Raw) -> Task | None:
     spec = labels.task_spec if labels.task_spec is not None else annotations.task_spec
     index = labels.task_index if labels.task_index is not None else annotations.task_index
     marked = labels.preemptable if labels.preemptable is not None else annotations.preemptable
+    elastic = labels.elastic if labels.elastic is not None else annotations.elastic
     return Task(
         uid=uid,
         podgroup=podgroup,
@@ -270,6 +276,7 @@ def _view_task(info: TaskInfoView, raw: msgspec.Raw) -> Task | None:
         task_index=_index(index),
         grace_period_s=grace_period_s,
         text=bytes(raw),
+        elastic=_true(elastic),
     )
 
 
@@ -384,6 +391,7 @@ def _make_task(
         task_index=_index(marked(TASK_INDEX_LABEL)),
         grace_period_s=grace_period_s,
         text=text,
+        elastic=_true(marked(ELASTIC_LABEL)),
     )
 
 
@@ -459,6 +467,10 @@ def _index(text: str | None) -> int | None:
 
 def _not_false(text: str | None) -> bool:
     return text is None or text.strip().lower() != "false"
+
+
+def _true(text: str | None) -> bool:
+    return text == "true"  # as the engine reads a Job's annotation and tide's PromQL the label
 
 
 def _kind(value: Any) -> str:

@@ -12,7 +12,7 @@ of an evictee is what the answer echoes back as a victim, so it is needed anyway
 has a TaskInfo ``typed_body`` does not take, ``task_info`` decodes each raw text alone, so that
 only the odd one goes to the standard reader.
 
-Of a Pod's labels and annotations only the four keys tide reads are decoded (``MarksView``), of
+Of a Pod's labels and annotations only the five keys tide reads are decoded (``MarksView``), of
 its resources only the GPUs (``ScalarsView``): the other entries are skipped, not built. Every
 struct is ``gc=False`` (untracked by the cyclic collector: a decoded body makes thousands of
 them, and none can be part of a cycle, since they hold only what JSON decodes to).
@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 __all__ = [
+    "ELASTIC_LABEL",
     "GPU_RESOURCE",
     "JOB_NAME_LABEL",
     "NULL",
@@ -62,6 +63,9 @@ JOB_NAME_LABEL = "volcano.sh/job-name"
 TASK_INDEX_LABEL = "volcano.sh/task-index"
 TASK_SPEC_LABEL = "volcano.sh/task-spec"
 PREEMPTABLE_LABEL = "volcano.sh/preemptable"
+ELASTIC_LABEL = "tide.io/elastic"
+"""A pod of an elastic tide Job carries it (``"true"``), as the example Jobs' pod templates do:
+tide's default PromQL leaves such pods' GPUs out of their queue's non-elastic demand."""
 
 NULL = b"null"
 """The raw text of a JSON ``null`` (what ``BodyView.evictor`` holds when Volcano sends none)."""
@@ -92,16 +96,17 @@ class ResourceView(msgspec.Struct, gc=False):
 
 
 class MarksView(msgspec.Struct, gc=False):
-    """The four keys tide reads of a Pod's labels or of its annotations; the others skipped.
+    """The five keys tide reads of a Pod's labels or of its annotations; the others skipped.
 
     A Pod carries a dozen labels and annotations; decoding them as a ``dict`` built two strings
-    for each, for four that are read.
+    for each, for five that are read.
     """
 
     job_name: str | None = msgspec.field(default=None, name=JOB_NAME_LABEL)
     task_index: str | None = msgspec.field(default=None, name=TASK_INDEX_LABEL)
     task_spec: str | None = msgspec.field(default=None, name=TASK_SPEC_LABEL)
     preemptable: str | None = msgspec.field(default=None, name=PREEMPTABLE_LABEL)
+    elastic: str | None = msgspec.field(default=None, name=ELASTIC_LABEL)
 
 
 class MetadataView(msgspec.Struct, gc=False):

@@ -138,6 +138,35 @@ CASES = [
         withheld=(5, 10, 12),
         reason=AnswerReason.WITHHOLD_FOR_SHRINK,
     ),
+    # A Job submitted since the last reconcile is not in the plan: a pod marked elastic is
+    # withheld (the reconcile it triggers sees the Job), whatever its index (its minimum is not
+    # known before then).
+    Case(
+        "a pod marked elastic of a Job not in the plan yet is withheld",
+        view=make_view(job=JobKey("default/other")),
+        edits=(label(1, "tide.io/elastic", "true"), annotate(10, "tide.io/elastic", "true")),
+        withheld=(1, 10),
+        reason=AnswerReason.WITHHOLD_FOR_SHRINK,
+    ),
+    Case(
+        "a pod marked elastic but not preemptable stays a victim",
+        view=make_view(job=JobKey("default/other")),
+        edits=(
+            label(10, "tide.io/elastic", "true"),
+            annotate(10, "volcano.sh/preemptable", "false"),
+        ),
+    ),
+    Case(
+        'a pod marked elastic other than "true" stays a victim',
+        view=make_view(job=JobKey("default/other")),
+        edits=(label(10, "tide.io/elastic", "True"), label(12, "tide.io/elastic", "false")),
+    ),
+    Case(
+        "the mark does not lower the minimum of a Job in the plan",
+        edits=(label(1, "tide.io/elastic", "true"),),
+        withheld=ALL,
+        reason=AnswerReason.WITHHOLD_FOR_SHRINK,
+    ),
 ]
 
 

@@ -126,6 +126,16 @@ READS = [
     ("not bound", (set_field(1, "NodeName", ""),), "node", None),
     ("role from the task-spec label", (set_field(1, "TaskRole", ""),), "role", "worker"),
     ("role from TaskRole", (set_field(1, "TaskRole", "master"),), "role", "master"),
+    ("not marked elastic", (), "elastic", False),
+    ("labelled elastic", (label(1, "tide.io/elastic", "true"),), "elastic", True),
+    ("annotated elastic", (annotate(1, "tide.io/elastic", "true"),), "elastic", True),
+    ("labelled elastic false", (label(1, "tide.io/elastic", "false"),), "elastic", False),
+    (
+        "the label wins over the annotation",
+        (label(1, "tide.io/elastic", "false"), annotate(1, "tide.io/elastic", "true")),
+        "elastic",
+        False,
+    ),
 ]
 
 
@@ -282,9 +292,15 @@ small_json = st.recursive(
 strings = st.text(max_size=6) | small_json
 pod_marks = st.dictionaries(
     st.sampled_from(
-        ["volcano.sh/job-name", "volcano.sh/task-index", "volcano.sh/preemptable", "other"]
+        [
+            "volcano.sh/job-name",
+            "volcano.sh/task-index",
+            "volcano.sh/preemptable",
+            "tide.io/elastic",
+            "other",
+        ]
     ),
-    st.text(max_size=4) | small_json,
+    st.sampled_from(["true", "false"]) | st.text(max_size=4) | small_json,
     max_size=3,
 )
 pods = st.fixed_dictionaries(
