@@ -15,7 +15,8 @@ proceeds as without tide. The rules (DESIGN.md, "Graceful shrink"):
   which jobs shrink), with a task index at or above the job's minimum (never below it), or when
   it is marked ``tide.io/elastic: "true"`` and its Job is not in tide's plan yet (submitted since
   the last reconcile: the reconcile the withholding triggers sees it; its minimum is not known
-  before then), never when the pod is not preemptable (not tide's to offer or protect), and only
+  before then, and Volcano's gang plugin keeps any job at its ``minAvailable`` whatever tide
+  answers), never when the pod is not preemptable (not tide's to offer or protect), and only
   for the pod's
   ``terminationGracePeriodSeconds`` plus a margin, counted from the first time it was withheld
   for the same evictor's PodGroup (each pending gang Volcano reclaims for gets one window: a pod
