@@ -17,12 +17,12 @@ proceeds as without tide. The rules (DESIGN.md, "Graceful shrink"):
   the last reconcile: the reconcile the withholding triggers sees it; its minimum is not known
   before then, and Volcano's gang plugin keeps any job at its ``minAvailable`` whatever tide
   answers), never when the pod is not preemptable (not tide's to offer or protect), and only
-  for the pod's
-  ``terminationGracePeriodSeconds`` plus a margin, counted from the first time it was withheld
-  for the same evictor's PodGroup (each pending gang Volcano reclaims for gets one window: a pod
-  withheld for one gang, whose GPUs tide freed elsewhere, is not killed at once for the next
-  gang before tide has reconciled for it); a window whose pod Volcano stopped asking about for
-  twice its length is over and forgotten (that reclaim ended; a later one starts a new window);
+  for the pod's ``terminationGracePeriodSeconds`` plus a margin, counted from the first time it
+  was withheld for the same evictor's PodGroup (each pending gang Volcano reclaims for gets one
+  window: a pod withheld for one gang, whose GPUs tide freed elsewhere, is not killed at once
+  for the next gang before tide has reconciled for it); a window whose pod Volcano stopped
+  asking about for twice its length is over and forgotten (that reclaim ended; a later one
+  starts a new window);
 - nothing withheld: abstain; otherwise ``status 1`` with the victims = the evictees minus the
   withheld, each the TaskInfo object Volcano sent (it matches victims by UID and evicts the
   objects it reads back).
