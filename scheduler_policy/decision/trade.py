@@ -31,13 +31,14 @@ def trade(
     """Move running replicas to waiting ones worth ``factor`` times more, within each queue.
 
     ``accepted`` is updated in place. Items come sorted by (queue, growth, −value); only those
-    of ``allowed`` queues (all when None) trade. ``takers`` (replicas a job's spec asks for that
-    wait for GPUs the idle pool could not give) are paired, best first, with ``givers`` (the
-    queue's running replicas), least valuable first, GPU for GPU; a taker is taken while its
-    value exceeds ``factor`` times the most valuable replica it displaces. Both sequences are
-    monotone, so what is taken is a prefix of each. Only waiting replicas take: growth beyond
-    the spec would move on before its giver's damped shrink does, and a second round on the
-    same cluster would then trade again.
+    of ``allowed`` queues (all when None) trade. ``takers`` (replicas up to what a job's spec
+    or its owner asks for, which the idle pool could not give) are paired, best first, with
+    ``givers`` (the queue's running replicas), least valuable first, GPU for GPU; a taker is
+    taken while its value exceeds ``factor`` times the most valuable replica it displaces. Both
+    sequences are monotone, so what is taken is a prefix of each. Growth beyond the asked size
+    never takes: it would move on before its giver's damped shrink does, and a second round on
+    the same cluster would then trade again; a taken replica up to the asked size is one the
+    spec asks for next round, and waits for the same giver.
 
     Returns:
         Whether any replica was given up.

@@ -56,7 +56,7 @@ class Defaults:
     window_up_s: float = 0.0
     window_down_s: float = 300.0
     assumed_remaining_s: float = 3600.0
-    starvation_bound_s: float | None = 7200.0
+    starvation_bound_s: float | None = 1800.0
 
 
 @dataclass(frozen=True, slots=True)

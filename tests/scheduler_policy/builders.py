@@ -48,6 +48,7 @@ def make_job(
     last_rescale_s: float | None = None,
     scheduled: int | None = None,
     stale: str | None = None,
+    requested: int | None = None,
 ) -> JobState:
     return JobState(
         key=JobKey(f"ns/{name}"),
@@ -64,6 +65,7 @@ def make_job(
         last_rescale_s=last_rescale_s,
         scheduled_replicas=scheduled,
         stale_reason=stale,
+        requested_replicas=requested,
     )
 
 

@@ -187,6 +187,18 @@ SCENARIOS = {
         make_policy(),
         {"linear": (2, Reason.SCALE_UP_FOR_IDLE_GPUS), "poor": (2, Reason.SHRINK_FOR_BETTER_USE)},
     ),
+    "a-job-below-its-asked-size-takes-replicas-its-spec-no-longer-asks-for": (
+        # linear's owner asked for 2; the replica that waited was withdrawn (its spec is 1).
+        # It still takes poor's 3rd replica (+17% against +100%), and no more than it asked.
+        make_observation(
+            make_job("linear", current=1, requested=2, sigma=0.0),
+            make_job("poor", current=3, sigma=0.4),
+            queues=(make_queue(capability=4),),
+            free=4,
+        ),
+        make_policy(),
+        {"linear": (2, Reason.SCALE_UP_FOR_IDLE_GPUS), "poor": (2, Reason.SHRINK_FOR_BETTER_USE)},
+    ),
     "no-trade-from-a-job-in-its-cooldown": (
         # The same, but "poor" was rescaled 100 s ago, in its 300 s cooldown: it would not give
         # its replica up this round, so "linear"'s waiting one gets none, and is withdrawn.

@@ -64,6 +64,9 @@ def scenarios(draw: st.DrawFn) -> tuple[Observation, ElasticPolicy]:
                 sigma=draw(st.floats(0.0, 0.5)),
                 kappa=draw(st.floats(0.0, 0.05)),
                 remaining_samples=draw(st.one_of(st.none(), st.floats(1e3, 1e8))),
+                # What the owner asked for, which tide's withdrawals may have left the spec
+                # below (a taker of trades up to it).
+                requested=draw(st.one_of(st.none(), st.integers(lo, hi + 2))),
             )
         )
     policy = make_policy(
