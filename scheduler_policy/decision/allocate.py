@@ -260,7 +260,8 @@ def allocate(
     item_value, growth, item_queue = item_value[order], growth[order], item_queue[order]
     rows = items // width  # each increment's job
     item_gpus = gpr[rows]
-    asked = k.ravel()[items] <= table.current[rows]  # the job's spec already asks for it
+    reaches = k.ravel()[items]  # the replica count each increment reaches
+    asked = reaches <= table.current[rows]  # the job's spec already asks for it
     item_must = must.ravel()[items] if must is not None else np.zeros(len(items), dtype=bool)
     first = np.searchsorted(item_queue, np.arange(len(table.queue_names)))
 
@@ -322,7 +323,7 @@ def allocate(
     # replicas worth more than theirs from other jobs (growing only into idle GPUs, a bert job
     # that asked for 16 ran at 1 for an hour on Pollux workload 1).
     givers = accepted & ~growth & table.shaped[rows]
-    takers = ~accepted & growth & (asked | (k.ravel()[items] <= table.requested[rows]))
+    takers = ~accepted & growth & (asked | (reaches <= table.requested[rows]))
     if cooling is not None:
         givers &= ~cooling[rows]
     if stale is not None:

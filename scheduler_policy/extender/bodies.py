@@ -28,7 +28,6 @@ import msgspec
 
 from scheduler_policy.extender.scan import decode_body, gc_paused
 from scheduler_policy.extender.typed import (
-    ELASTIC_LABEL,
     GPU_RESOURCE,
     JOB_NAME_LABEL,
     NULL,
@@ -41,6 +40,7 @@ from scheduler_policy.extender.typed import (
     task_info,
     typed_body,
 )
+from scheduler_policy.policy.annotations import ELASTIC
 from scheduler_policy.vocabulary.errors import TideError
 from scheduler_policy.vocabulary.state import JobKey
 
@@ -391,7 +391,7 @@ def _make_task(
         task_index=_index(marked(TASK_INDEX_LABEL)),
         grace_period_s=grace_period_s,
         text=text,
-        elastic=_true(marked(ELASTIC_LABEL)),
+        elastic=_true(marked(ELASTIC)),
     )
 
 

@@ -36,8 +36,9 @@ from typing import Any
 
 import msgspec
 
+from scheduler_policy.policy.annotations import ELASTIC
+
 __all__ = [
-    "ELASTIC_LABEL",
     "GPU_RESOURCE",
     "JOB_NAME_LABEL",
     "NULL",
@@ -63,9 +64,6 @@ JOB_NAME_LABEL = "volcano.sh/job-name"
 TASK_INDEX_LABEL = "volcano.sh/task-index"
 TASK_SPEC_LABEL = "volcano.sh/task-spec"
 PREEMPTABLE_LABEL = "volcano.sh/preemptable"
-ELASTIC_LABEL = "tide.io/elastic"
-"""A pod of an elastic tide Job carries it (``"true"``), as the example Jobs' pod templates do:
-tide's default PromQL leaves such pods' GPUs out of their queue's non-elastic demand."""
 
 NULL = b"null"
 """The raw text of a JSON ``null`` (what ``BodyView.evictor`` holds when Volcano sends none)."""
@@ -106,7 +104,10 @@ class MarksView(msgspec.Struct, gc=False):
     task_index: str | None = msgspec.field(default=None, name=TASK_INDEX_LABEL)
     task_spec: str | None = msgspec.field(default=None, name=TASK_SPEC_LABEL)
     preemptable: str | None = msgspec.field(default=None, name=PREEMPTABLE_LABEL)
-    elastic: str | None = msgspec.field(default=None, name=ELASTIC_LABEL)
+    # A pod of an elastic tide Job carries the Job's own mark (``"true"``) as a label, as the
+    # example Jobs' pod templates do: tide's default PromQL leaves its GPUs out of its queue's
+    # non-elastic demand.
+    elastic: str | None = msgspec.field(default=None, name=ELASTIC)
 
 
 class MetadataView(msgspec.Struct, gc=False):
