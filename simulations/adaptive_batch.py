@@ -331,7 +331,10 @@ class BatchRun:
 
     def _best(self, options: tuple[BatchChoice, ...], *, current: BatchChoice) -> BatchChoice:
         seen = self.measured[self.replicas]
-        model = StepTimeModel().fit([StepSample(b, k, s) for (b, k), s in seen.items()])
+        # The worker times each step's all-reduce too (none on one replica).
+        model = StepTimeModel().fit(
+            [StepSample(b, k, s, self._sync_s(b)) for (b, k), s in seen.items()]
+        )
         # The worker's statistics: the current epoch's, at the batch it runs.
         sqr, var = self.app.grad_stats(current.global_batch_size, self.epoch)
         return choose(
@@ -342,6 +345,12 @@ class BatchRun:
             grad_var=var,
             initial_batch_size=self.app.bounds.initial_batch_size,
         )
+
+    def _sync_s(self, local_batch_size: int) -> float | None:
+        if self.replicas <= 1:
+            return None
+        sync = self.app.shape_times(self.replicas, local_batch_size)[1]
+        return sync if math.isfinite(sync) else None
 
     def _measure(self, choice: BatchChoice) -> None:
         seconds = self.app.iteration_s(self.replicas, choice)

@@ -24,7 +24,7 @@ draws micro batches of the new size, without a restart.
 
 What it keeps (in ``optimizer.state["tide_adaptive"]``, so checkpoints carry it): the progress,
 the averaged statistics, the base learning rates, the scale of the last step and the measured
-step times per world size.
+step times per world size, each with its timed all-reduce.
 """
 
 from __future__ import annotations
@@ -329,7 +329,10 @@ class AdaptiveBatch:
         )
         if step_s > 0:
             kept = self.measured.setdefault(str(self.world_size), [])
-            kept.append([self.choice.local_batch_size, self.choice.accumulation_steps, step_s])
+            sync_s = times.sync_s if times.sync_s is not None else math.nan
+            kept.append(
+                [self.choice.local_batch_size, self.choice.accumulation_steps, step_s, sync_s]
+            )
             del kept[:-_KEPT_SAMPLES]
         self.store()
         return times
@@ -434,7 +437,7 @@ class AdaptiveBatch:
         if not measured or not self.stats.ready:
             return self.choice
         self.options = self._options()
-        model = StepTimeModel().fit([StepSample(int(b), int(k), float(t)) for b, k, t in measured])
+        model = StepTimeModel().fit([_step_sample(m) for m in measured])
         return choose(
             current=self.choice,
             options=self.options,
@@ -513,6 +516,13 @@ class AdaptiveBatch:
         multiplier = self.lr_multiplier() * self.last_lr_factor
         for group, base in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
             group["lr"] = base * multiplier
+
+
+def _step_sample(kept: list[float]) -> StepSample:
+    """A measured step as kept in the state: ``[local batch, micro batches, step s, sync s]``,
+    the sync NaN where none was timed (a state saved before syncs were kept has three)."""
+    sync = float(kept[3]) if len(kept) > 3 and math.isfinite(kept[3]) else None
+    return StepSample(int(kept[0]), int(kept[1]), float(kept[2]), sync)
 
 
 @dataclass(frozen=True, slots=True)

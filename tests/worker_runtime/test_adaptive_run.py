@@ -345,6 +345,24 @@ def test_adaptive_state_survives_a_restart(tmp_path: Path) -> None:
         assert again.adaptive.base_lrs == [0.01]  # not the last scaled rate
 
 
+def test_measured_steps_keep_their_sync_and_older_states_still_choose(tmp_path: Path) -> None:
+    run, model, optimizer, _ = make(tmp_path, ADAPTIVE_ENV, rechoose_every_steps=5)
+    with pytest.raises(SystemExit), run:
+        train(run, model, optimizer, epochs=1, loader=adaptive_loader(run), sigterm_at_step=20)
+    assert run.adaptive is not None
+    kept = [m for v in run.adaptive.measured.values() for m in v]
+    # [local batch, micro batches, step s, sync s]: one worker times no all-reduce (NaN).
+    assert kept and all(len(m) == 4 and math.isnan(m[3]) for m in kept)
+    again, _, _, _ = make(tmp_path, ADAPTIVE_ENV, rechoose_every_steps=5)
+    with again:
+        assert again.adaptive is not None
+        # A state saved before syncs were kept has three entries per step: still a choice.
+        again.adaptive.measured = {
+            k: [m[:3] for m in v] for k, v in again.adaptive.measured.items()
+        }
+        assert again.adaptive.rechoose() in again.adaptive.options
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

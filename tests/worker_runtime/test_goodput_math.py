@@ -212,6 +212,53 @@ def test_step_time_model_with_one_measured_batch_splits_it_half_and_half() -> No
     assert model.sync_s_ == 0.0
 
 
+def test_step_time_model_takes_the_timed_sync_where_steps_cannot_tell_it() -> None:
+    # One micro batch per step at 8 and at 16 samples, each step's all-reduce timed at 0.3 s:
+    # compute 0.2 + 0.0125 b (0.3 and 0.4 s), sync 0.3 s.
+    model = StepTimeModel().fit(
+        [StepSample(8, 1, 0.6, 0.3), StepSample(16, 1, 0.7, 0.28), StepSample(16, 1, 0.7, 0.32)]
+    )
+    assert (model.alpha_s_, model.beta_s_, model.sync_s_) == pytest.approx((0.2, 0.0125, 0.3))
+    # Four micro batches of 16 pay the sync once: 4 x 0.4 + 0.3.
+    assert model.predict(local_batch_size=16, accumulation_steps=4) == pytest.approx(1.9)
+
+
+def test_step_time_model_fits_the_sync_itself_once_accumulation_was_measured() -> None:
+    # t = k (0.1 + 0.01 b) + 0.05; the timed all-reduce (0.5 s, overlapped with the backward)
+    # is ignored: two micro-batch counts tell the sync apart from the compute.
+    samples = [
+        StepSample(b, k, k * (0.1 + 0.01 * b) + 0.05, 0.5) for b, k in [(8, 1), (16, 1), (8, 2)]
+    ]
+    model = StepTimeModel().fit(samples)
+    assert (model.alpha_s_, model.beta_s_, model.sync_s_) == pytest.approx((0.1, 0.01, 0.05))
+
+
+def test_step_time_model_caps_the_timed_sync_at_the_shortest_step() -> None:
+    model = StepTimeModel().fit([StepSample(8, 1, 0.4, 0.9)])
+    assert model.sync_s_ == pytest.approx(0.4)
+    assert model.predict(local_batch_size=8, accumulation_steps=3) == pytest.approx(0.4)
+
+
+def test_a_worker_whose_sync_dominates_accumulates() -> None:
+    # Two nodes, micro batch at its bound (8): a step of 8 samples per worker takes 1.0 s, 0.8 s
+    # of it the all-reduce. All noise (efficiency 1): the most samples per second win, so the
+    # worker takes 8 micro batches (8 x 0.2 + 0.8 = 2.4 s for 8 times the samples: 3.3x).
+    # Without the timed sync, accumulation looks like k whole steps: no gain, no switch.
+    options = tuple(BatchChoice(8 * 8 * k, 8, k) for k in range(1, 9))
+    chosen = {
+        sync: choose(
+            current=options[0],
+            options=options,
+            model=StepTimeModel().fit([StepSample(8, 1, 1.0, sync)]),
+            grad_sqr=0.0,
+            grad_var=1.0,
+            initial_batch_size=64,
+        )
+        for sync in (0.8, None)
+    }
+    assert chosen == {0.8: BatchChoice(512, 8, 8), None: options[0]}
+
+
 def test_step_time_model_clamps_a_negative_parameter_to_zero() -> None:
     # Times fall with the batch: beta would be negative; it is 0 and alpha takes the mean.
     model = StepTimeModel().fit([StepSample(8, 1, 0.5), StepSample(16, 1, 0.3)])
