@@ -94,3 +94,4 @@ bench: venv
 	$(PYTHON) benchmarks/headroom_tradeoff.py --json benchmarks/out/headroom_tradeoff.json
 	$(PYTHON) benchmarks/itp_cluster_size.py --json benchmarks/out/itp_cluster_size.json
 	$(PYTHON) benchmarks/checkpoint.py --json benchmarks/out/checkpoint.json
+	$(PYTHON) benchmarks/batch_choice.py --json benchmarks/out/batch_choice.json
