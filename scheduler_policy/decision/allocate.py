@@ -194,23 +194,26 @@ def allocate(
         rank_s = np.broadcast_to(np.maximum(remaining_s, 60.0)[:, None], per_gpu.shape)
         aging_s = defaults.starvation_bound_s
         if aging_s is not None:
-            # Aging: past the bound, the replicas up to a job's asked size rank as if the job
-            # ran at its asked size (its known remaining work at that size's throughput; an
-            # estimate from its age does not depend on the size) and that time were divided by
+            # The replicas up to a job's asked size rank as if the job ran at its asked size (its
+            # known remaining work at that size's throughput; an estimate from its age does not
+            # depend on the size), and past the bound (aging) that time is divided by
             # 1 + (age - bound) / bound, so a long job below its asked size rises with its age
             # above the short ones that keep it there. Ranked at the size it holds, a job kept
             # at 1 of 4 replicas looks about 4 times longer than it is, and the shortfall
             # keeps itself going: on Pollux workloads 1-4 the jobs that set the p99 (yolov3
-            # at 1 of 4 replicas, imagenet at 1-8 of 24) sat there for hours. (Ranked first
-            # outright after 2 h or 5 h, or aged by the square or cube of that factor, the
-            # long jobs took so much that Pollux workloads 1, 2 and 4 at seed 0 lost 4-100% in
-            # average JCT; ranked at the asked size past a 1 h bound, workload 1 lost 6%.) The
-            # bound is 30 min since a job below its asked size takes replicas by trade (below):
-            # the long jobs then give more. On 8 Pollux runs (workload 1 at seeds 0, 1, 2, 4,
+            # at 1 of 4 replicas, imagenet at 1-8 of 24) sat there for hours, and a cifar10
+            # job started at 1 replica in a busy cluster stayed there for 10 minutes of a run
+            # that takes 10 at its asked size. Ranked at the asked size from the start rather
+            # than only past the bound, Pollux 1-4 ran 2.1% faster on average (18 of 20 runs
+            # faster), the built-in cases within 0.7% per run. (Ranked first outright after 2 h
+            # or 5 h, or aged by the square or cube of that factor, the long jobs took so much
+            # that Pollux workloads 1, 2 and 4 at seed 0 lost 4-100% in average JCT.) The bound
+            # is 30 min since a job below its asked size takes replicas by trade (below): the
+            # long jobs then give more. On 8 Pollux runs (workload 1 at seeds 0, 1, 2, 4,
             # workload 2 at 0 and 1, workloads 3 and 4 at 0) a 30 min bound left the p99 lower
             # than 2 h on all 8 and than 1 h on 7; 20 min was slower on average on 7 of them.
             beyond = np.maximum(np.nan_to_num(age_s, nan=0.0) - aging_s, 0.0) / aging_s
-            owed = (beyond > 0)[:, None] & (k <= table.requested[:, None])
+            owed = k <= table.requested[:, None]
             x_asked = _curve_at(table, x_all, table.requested.astype(np.float64), lo)
             with np.errstate(divide="ignore", invalid="ignore"):
                 at_asked_s = np.where(
@@ -219,11 +222,11 @@ def allocate(
                     remaining_s,
                 )
             # Never longer than at the held size (the asked size may be the slower one).
-            aged_s = np.maximum(np.minimum(at_asked_s, remaining_s), 60.0) / (1.0 + beyond)
-            rank_s = np.where(owed, aged_s[:, None], rank_s)
+            owed_s = np.maximum(np.minimum(at_asked_s, remaining_s), 60.0) / (1.0 + beyond)
+            rank_s = np.where(owed, owed_s[:, None], rank_s)
         per_gpu = per_gpu / np.maximum(rank_s, 60.0)
-    # Non-increasing already (the envelope's relative gains fall with k, and aging divides a
-    # prefix); the running minimum only irons out rounding.
+    # Non-increasing already (the envelope's relative gains fall with k, and the asked-size
+    # ranking shortens a prefix); the running minimum only irons out rounding.
     value = np.minimum.accumulate(np.where(valid, per_gpu, -np.inf), axis=1)
     saved_s = np.where(x_prev > 0, saved_s, np.inf)
     worth = saved_s > table.restart_cost_s[:, None]

@@ -42,10 +42,11 @@ class Defaults:
         assumed_remaining_s: remaining run time assumed for a job that does not report its
             progress, when it starts; the estimate grows with the job's age (``allocate``).
         starvation_bound_s: the age after which a job below the replicas its owner asked for
-            gains priority (aging): the replicas up to its asked size rank as if its remaining
-            time at its asked size were divided by ``1 + (age - bound) / bound``, so
-            shortest-remaining-first lets no long job sit below its asked size for ever. None
-            for no aging.
+            gains priority (aging). With a bound, the replicas up to a job's asked size rank at
+            its remaining time at its asked size, and past the bound that time is divided by
+            ``1 + (age - bound) / bound``, so shortest-remaining-first lets no long job sit
+            below its asked size for ever. None for no aging: every replica ranks at the
+            remaining time at the size the job holds.
     """
 
     tolerance: float = 0.05

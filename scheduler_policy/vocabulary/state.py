@@ -261,8 +261,9 @@ class JobState:
             engine's clock; its age, which the allocator's objective reads where the remaining
             work is unknown. None when unknown or not started.
         requested_replicas: the replicas the job's owner asked for (the scaling task's
-            replicas as submitted, before tide changed them); the size a job that has run long
-            is owed before others grow (``Defaults.starvation_bound_s``). None when unknown.
+            replicas as submitted, before tide changed them); the replicas up to it rank at
+            the job's remaining time at this size, and a job that has run long is owed them
+            before others grow (``Defaults.starvation_bound_s``). None when unknown.
         batch_bounds: the bounds within which the job's workers choose their batch, when the
             job opts in to adaptive batch (``tide.io/adaptive-batch``); None when it keeps its
             submitted batch.

@@ -1,5 +1,6 @@
-"""The completionTime objective where remaining work is unknown (estimated from a job's age), and
-its aging (a job that has run long below its asked size rises above shorter ones)."""
+"""The completionTime objective where remaining work is unknown (estimated from a job's age), the
+ranking of a job's replicas up to its asked size at its remaining time there, and its aging (a job
+that has run long below its asked size rises above shorter ones)."""
 
 from __future__ import annotations
 
@@ -112,7 +113,8 @@ SCENARIOS = {
         {"starvation_bound_s": H},
         {"other": 1, "starved": 2},
     ),
-    "within-the-bound-ranked-at-the-held-size": (
+    # Within the bound the asked size's 2.1 h is not divided: "other" (1.5 h) grows.
+    "within-the-bound-the-asked-size-undivided": (
         (
             _job("other", age_h=0.1, remaining=5.4e5),
             _job("starved", age_h=3.0, requested=4, remaining=2.88e6),
@@ -120,6 +122,27 @@ SCENARIOS = {
         1.0,
         {"starvation_bound_s": 6 * H},
         {"other": 2, "starved": 1},
+    ),
+    # "young" has just started at 1 of the 4 replicas it asked for, with 1.44e6 samples left:
+    # 4 h at its held size, 1.06 h at its asked size, shorter than "other"'s 1.5 h. Ranked at
+    # its asked size it grows first; without aging, at its held size, it waits.
+    "below-its-asked-size-ranked-there-from-the-start": (
+        (
+            _job("other", age_h=0.1, remaining=5.4e5),
+            _job("young", age_h=0.1, requested=4, remaining=1.44e6),
+        ),
+        1.0,
+        {"starvation_bound_s": H},
+        {"other": 1, "young": 2},
+    ),
+    "no-bound-ranked-at-the-held-size": (
+        (
+            _job("other", age_h=0.1, remaining=5.4e5),
+            _job("young", age_h=0.1, requested=4, remaining=1.44e6),
+        ),
+        1.0,
+        {"starvation_bound_s": None},
+        {"other": 2, "young": 1},
     ),
     # Both aged, one idle GPU: 6 h / 5 = 1.2 h for "a" against 4 h / 3 = 1.33 h for "b".
     "two-aged-the-longest-running-first": (
