@@ -40,6 +40,11 @@ def _targets(*jobs: JobState, free: float, **policy: float | None) -> dict[str, 
     return {d.job.removeprefix("ns/"): d.target_replicas for d in plan.decisions}
 
 
+YOUNG_BELOW_ITS_ASKED_SIZE = (
+    _job("other", age_h=0.1, remaining=5.4e5),
+    _job("young", age_h=0.1, requested=4, remaining=1.44e6),
+)
+
 # (jobs, idle GPUs, policy defaults, expected targets)
 SCENARIOS = {
     # Neither reports its progress: the younger is likelier to finish sooner.
@@ -127,19 +132,13 @@ SCENARIOS = {
     # 4 h at its held size, 1.06 h at its asked size, shorter than "other"'s 1.5 h. Ranked at
     # its asked size it grows first; without aging, at its held size, it waits.
     "below-its-asked-size-ranked-there-from-the-start": (
-        (
-            _job("other", age_h=0.1, remaining=5.4e5),
-            _job("young", age_h=0.1, requested=4, remaining=1.44e6),
-        ),
+        YOUNG_BELOW_ITS_ASKED_SIZE,
         1.0,
         {"starvation_bound_s": H},
         {"other": 1, "young": 2},
     ),
     "no-bound-ranked-at-the-held-size": (
-        (
-            _job("other", age_h=0.1, remaining=5.4e5),
-            _job("young", age_h=0.1, requested=4, remaining=1.44e6),
-        ),
+        YOUNG_BELOW_ITS_ASKED_SIZE,
         1.0,
         {"starvation_bound_s": None},
         {"other": 2, "young": 1},
