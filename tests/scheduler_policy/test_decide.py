@@ -37,6 +37,12 @@ def targets(observation, policy):
     return {d.job.removeprefix("ns/"): (d.target_replicas, d.reason) for d in plan.decisions}
 
 
+def linear_and_poor(linear, poor):
+    """A job that scales linearly and one that scales poorly, in one queue of capability 4, with
+    4 idle GPUs in the cluster: what the trade scenarios below share."""
+    return make_observation(linear, poor, queues=(make_queue(capability=4),), free=4)
+
+
 SCENARIOS = {
     "scale-up-into-idle-gpus": (
         make_observation(make_job("a", current=2, max_replicas=8), free=8),
@@ -166,11 +172,9 @@ SCENARIOS = {
         {"a": (1, Reason.AT_TARGET), "b": (2, Reason.AT_TARGET)},
     ),
     "running-replicas-are-not-taken-for-growth-beyond-the-spec": (
-        make_observation(
+        linear_and_poor(
             make_job("linear", current=1, sigma=0.0),
             make_job("poor", current=3, sigma=0.4),
-            queues=(make_queue(capability=4),),
-            free=4,
         ),
         make_policy(),
         {"linear": (1, Reason.AT_TARGET), "poor": (3, Reason.AT_TARGET)},
@@ -178,11 +182,9 @@ SCENARIOS = {
     "running-replica-moves-to-a-waiting-one-worth-twice-as-much": (
         # linear's 2nd replica waits for a GPU: +100%; poor's 3rd: +17%. The move costs two
         # restarts, but the gain is six times as large.
-        make_observation(
+        linear_and_poor(
             make_job("linear", current=2, scheduled=1, sigma=0.0),
             make_job("poor", current=3, sigma=0.4),
-            queues=(make_queue(capability=4),),
-            free=4,
         ),
         make_policy(),
         {"linear": (2, Reason.SCALE_UP_FOR_IDLE_GPUS), "poor": (2, Reason.SHRINK_FOR_BETTER_USE)},
@@ -190,11 +192,9 @@ SCENARIOS = {
     "a-job-below-its-asked-size-takes-replicas-its-spec-no-longer-asks-for": (
         # linear's owner asked for 2; the replica that waited was withdrawn (its spec is 1).
         # It still takes poor's 3rd replica (+17% against +100%), and no more than it asked.
-        make_observation(
+        linear_and_poor(
             make_job("linear", current=1, requested=2, sigma=0.0),
             make_job("poor", current=3, sigma=0.4),
-            queues=(make_queue(capability=4),),
-            free=4,
         ),
         make_policy(),
         {"linear": (2, Reason.SCALE_UP_FOR_IDLE_GPUS), "poor": (2, Reason.SHRINK_FOR_BETTER_USE)},
@@ -202,11 +202,9 @@ SCENARIOS = {
     "no-trade-from-a-job-in-its-cooldown": (
         # The same, but "poor" was rescaled 100 s ago, in its 300 s cooldown: it would not give
         # its replica up this round, so "linear"'s waiting one gets none, and is withdrawn.
-        make_observation(
+        linear_and_poor(
             make_job("linear", current=2, scheduled=1, sigma=0.0),
             make_job("poor", current=3, sigma=0.4, last_rescale_s=NOW_S - 100),
-            queues=(make_queue(capability=4),),
-            free=4,
         ),
         make_policy(cooldown_s=300.0),
         {"linear": (1, Reason.WITHDRAW_UNPLACED), "poor": (3, Reason.AT_TARGET)},
