@@ -15,10 +15,12 @@ from scheduler_policy.vocabulary.state import QueueName
 class Objective(str, enum.Enum):
     """What the allocator's greedy ranks replicas by.
 
-    ``completionTime`` (the default): a replica's relative speedup per GPU divided by the job's
-    expected remaining time, so jobs nearer completion come first — shortest-remaining-time-
-    first, which is what minimises average completion time. ``speedup``: relative speedup per
-    GPU alone, which spreads GPUs in proportion to how well jobs scale, whatever their length.
+    ``completionTime`` (the default): a replica's relative speedup per GPU divided by the square
+    root of the job's expected remaining time, so jobs nearer completion come first, while a
+    long job's first replicas, which buy more than a short job's last, are not all kept out
+    (shortest-remaining-time-first softened; ``allocate`` says what it measured). ``speedup``:
+    relative speedup per GPU alone, which spreads GPUs in proportion to how well jobs scale,
+    whatever their length.
     """
 
     COMPLETION_TIME = "completionTime"

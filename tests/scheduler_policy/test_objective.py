@@ -25,9 +25,10 @@ def _job(
     requested: int | None = None,
     remaining: float | None = None,
     current: int = 1,
+    sigma: float = 0.02,
 ) -> JobState:
     return dataclasses.replace(
-        make_job(name, current=current, remaining_samples=remaining),
+        make_job(name, current=current, remaining_samples=remaining, sigma=sigma),
         running_since_s=None if age_h is None else NOW_S - age_h * H,
         requested_replicas=requested,
     )
@@ -142,6 +143,19 @@ SCENARIOS = {
         1.0,
         {"starvation_bound_s": None},
         {"other": 2, "young": 1},
+    ),
+    # Ranked by the square root of the remaining time: "short" (3 replicas, 0.5 h left) would
+    # gain 12% from a 4th replica, "long" (1 replica, 16 h left, linear) 100% from a 2nd:
+    # 0.12 / sqrt(0.5) = 0.17 against 1.0 / sqrt(16) = 0.25, so "long" grows. Divided by the
+    # time itself (0.25 against 0.06), "short" would take it.
+    "a-long-linear-job-before-a-short-poor-one": (
+        (
+            _job("short", age_h=0.1, current=3, sigma=0.3, remaining=0.5 * H * 100 * 3 / 1.6),
+            _job("long", age_h=0.1, current=1, sigma=0.0, remaining=16 * H * 100),
+        ),
+        1.0,
+        {"starvation_bound_s": None},
+        {"long": 2, "short": 3},
     ),
     # Both aged, one idle GPU: 6 h / 5 = 1.2 h for "a" against 4 h / 3 = 1.33 h for "b".
     "two-aged-the-longest-running-first": (
