@@ -575,3 +575,39 @@ def test_a_rounds_decisions_share_one_explanation_that_writes_each_jobs_own_sent
     assert decisions["b"].message == "2 replicas fit queue q's budget and are worth their GPUs"
     with pytest.raises(KeyError, match="ns/other has no decision"):
         decisions["a"].why.render(JobKey("ns/other"))
+
+
+def _reclaim_pressure(*jobs, pending: float):
+    """Queue "r" holds 8 GPUs over a deserved share of 4; queue "p" waits for ``pending`` GPUs
+    and none is idle: Volcano's reclaim takes from "r" what tide does not give back."""
+    return make_observation(
+        *jobs,
+        queues=(
+            make_queue("r", capability=None, deserved=4),
+            make_queue("p", capability=None, deserved=4, pending=pending),
+        ),
+        free=0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("others", "expected"),
+    [
+        # Alone in its queue, "x" (measured at 8 only: on the prior's shape, rate-limited to 2
+        # replicas a round) would hold 6 GPUs against a budget of 4: reclaim would kill the
+        # other 2 within seconds, so the budget takes all 4 now.
+        ((), {"x": (4, Reason.SHRINK_FOR_PENDING_WORK)}),
+        # With a measured job beside it that can give back the rest, the rate limit holds:
+        # "x" (6) gives its 2, "y" both its replicas.
+        (
+            (make_job("y", queue="r", min_replicas=0, current=2, sizes=(1, 2)),),
+            {"x": (4, Reason.SHRINK_FOR_PENDING_WORK), "y": (0, Reason.SHRINK_FOR_PENDING_WORK)},
+        ),
+    ],
+    ids=["the-floor-yields-where-it-would-overfill-the-budget", "the-floor-holds-where-others-can"],
+)
+def test_the_rate_limit_yields_to_reclaim_only_where_the_budget_cannot_be_met(others, expected):
+    x = make_job("x", queue="r", min_replicas=1, current=8 - 2 * len(others), sizes=(8,))
+    observation = _reclaim_pressure(x, *others, pending=4)
+    found = targets(observation, make_policy("r", "p", borrow=True, max_step_down=2))
+    assert found == expected
