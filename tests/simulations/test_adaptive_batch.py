@@ -12,7 +12,7 @@ import pytest
 from scheduler_policy.models.batch_choice import BatchChoice
 from scheduler_policy.vocabulary.state import JobKey, QueueName
 from simulations.adaptive_batch import AdaptiveApplication, BatchRun, adaptive_application
-from simulations.api import PolicyRun, default_policy_for, run_one
+from simulations.api import SHARED_TRACES, PolicyRun, default_policy_for, run_one
 from simulations.cluster_config import BUILTIN_CLUSTER
 from simulations.controllers import make_controller
 from simulations.profiles import ScalingProfile
@@ -344,7 +344,7 @@ def test_a_workload_without_bounds_replays_the_same_with_or_without_adaptive_bat
     assert figures["default"][2] > 0 and (policy == "static" or figures["default"][1] > 0)
 
 
-POLLUX_TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "traces" / "pollux-osdi21"
+POLLUX_TRACES = SHARED_TRACES / "pollux-osdi21"
 
 
 @pytest.mark.skipif(
