@@ -166,21 +166,21 @@ def test_tune_writes_trials_and_best_policy(tmp_path: Path) -> None:
         rows = list(csv.DictReader(f))
     # In the order the runs finished (two workers): the base first or second.
     assert sorted((r["trial"], r["defaults.cooldown"]) for r in rows) == [
-        ("0", "1m"), ("1", "10m"), ("base", "5m")
+        ("0", "1m"), ("1", "10m"), ("base", "2m")
     ]  # fmt: skip
-    seconds = {"1m": 60.0, "10m": 600.0, "5m": 300.0}
+    seconds = {"1m": 60.0, "10m": 600.0, "2m": 120.0}
     objective = {seconds[r["defaults.cooldown"]]: float(r["avg_jct_h"]) for r in rows}
     from scheduler_policy.policy.file import load_policy
 
     best = load_policy(out / "best-policy.yaml")
     assert objective[best.defaults.cooldown_s] == min(objective.values())
     text = " ".join(result.output.split())
-    if best.defaults.cooldown_s == 300.0:  # the base's run: no trial beats it
+    if best.defaults.cooldown_s == 120.0:  # the base's run: no trial beats it
         assert "no trial beats the base policy" in text and best.name == "default"
     else:
-        change = (objective[best.defaults.cooldown_s] / objective[300.0] - 1) * 100
+        change = (objective[best.defaults.cooldown_s] / objective[120.0] - 1) * 100
         assert f"avg_jct_h {objective[best.defaults.cooldown_s]:.4g}; the base policy " in text
-        assert f"{objective[300.0]:.4g}, {change:+.1f}%)" in text
+        assert f"{objective[120.0]:.4g}, {change:+.1f}%)" in text
     # How far any policy could go: the same lower bound simulate prints for this workload.
     from simulations.api import load_workload
     from simulations.bounds import jct_lower_bound_h
@@ -190,7 +190,7 @@ def test_tune_writes_trials_and_best_policy(tmp_path: Path) -> None:
     assert bound <= min(objective.values())
     records = json.loads((out / "trials.json").read_text())
     assert [r["trial"] for r in records] == ["base", 0, 1]
-    assert records[0]["params"] == {"defaults.cooldown": "5m"}
+    assert records[0]["params"] == {"defaults.cooldown": "2m"}
     for r in records:  # one workload: its figure is the objective
         assert [w["avg_jct_h"] for w in r["by_workload"]] == [r["objective"]]
         assert [(w["workload"], w["seed"]) for w in r["by_workload"]] == [
@@ -291,7 +291,7 @@ def test_tune_names_a_seed_that_is_not_a_non_negative_integer(tmp_path: Path) ->
 
 def test_a_tuning_trial_shows_what_simulate_shows_for_its_policy(tmp_path: Path) -> None:
     space = tmp_path / "space.yaml"
-    space.write_text("method: grid\nparameters:\n  defaults.cooldown: [5m]\n")  # the default
+    space.write_text("method: grid\nparameters:\n  defaults.cooldown: [2m]\n")  # the default
     common = ["--seeds", "1,2", "--duration", "6"]
     tuned = runner.invoke(app, ["tune", str(space), *common, "--out", str(tmp_path / "t")])
     assert tuned.exit_code == 0, tuned.output
@@ -416,7 +416,7 @@ def test_an_interrupted_tune_writes_the_best_of_the_finished_trials(
     if float(first.split(",")[-1]) < float(base.split(",")[-1]):
         assert "best policy of the finished trials" in text and cooldown == 60.0
     else:
-        assert "no trial beats the base policy" in text and cooldown == 300.0
+        assert "no trial beats the base policy" in text and cooldown == 120.0
 
 
 def test_tune_says_when_the_space_holds_fewer_sets_than_trials(tmp_path: Path) -> None:

@@ -192,7 +192,7 @@ def test_what_tune_writes_passes_strict_validation(tmp_path: Path) -> None:
     )
     assert tuned.exit_code == 0, tuned.output
     text = (out / "best-policy.yaml").read_text()
-    assert "300s" not in text and "cooldown: 5m" in text
+    assert "120s" not in text and "cooldown: 2m" in text
     exit_code, output = run(str(out), "--strict")
     assert output.splitlines() == [f"OK {out / 'best-policy.yaml'}"]
     assert exit_code == 0

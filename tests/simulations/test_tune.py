@@ -98,7 +98,7 @@ def test_an_interrupt_keeps_the_finished_trials_and_their_best(
     with (tmp_path / "trials.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [r["trial"] for r in rows] == ["base", "0"]
-    assert rows[0]["defaults.cooldown"] == "5m" and base_policy.defaults.cooldown_s == 300.0
+    assert rows[0]["defaults.cooldown"] == "2m" and base_policy.defaults.cooldown_s == 120.0
     trial = result.trials[0]
     if trial.objective < result.base.objective:
         assert result.best_trial == trial
