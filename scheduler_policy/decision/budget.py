@@ -396,13 +396,11 @@ def _without_infeasible_floors(
     all lay at the size they held, each gave back 2 replicas of the 8 and 32 GPUs their queue
     owed.
     """
-    if len(table.jobs) == 0:
-        return floor
-    held = np.bincount(
+    floor_gpus = np.bincount(
         table.queue_index, weights=floor * table.gpus_per_replica, minlength=len(table.queue_names)
     )
     budget = np.asarray([queues[q].elastic_gpus for q in table.queue_names], dtype=np.float64)
-    infeasible = held > budget + GPU_EPSILON
+    infeasible = floor_gpus > budget + GPU_EPSILON
     result: IntArray = np.where(infeasible[table.queue_index], table.min_replicas, floor)
     return result
 

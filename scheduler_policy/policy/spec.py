@@ -46,7 +46,7 @@ class Defaults:
         max_step_down: likewise, most replicas removed.
         window_up_s: scale up only to the lowest target recommended over this window.
         window_down_s: scale down only to the highest target recommended over this window
-            (two decision intervals by default, as ``cooldown_s``).
+            (2 minutes by default, as ``cooldown_s``).
         assumed_remaining_s: remaining run time assumed for a job that does not report its
             progress, when it starts; the estimate grows with the job's age (``allocate``).
         starvation_bound_s: the age after which a job below the replicas its owner asked for
