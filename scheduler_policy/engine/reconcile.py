@@ -77,11 +77,17 @@ def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> 
     queues = []
     for queue in cluster.list_queues():
         allocated = sample.queue_allocated_gpus.get(queue.name, queue.allocated_gpus)
+        # Volcano's proportion plugin computes each queue's deserved share every session from
+        # the weights and what each queue requests; a Queue's spec has no such field (only
+        # the capacity plugin's ``spec.deserved``), so the scheduler's figure comes first.
+        deserved = sample.queue_deserved_gpus.get(queue.name, queue.deserved_gpus)
         fresh = fresh and math.isfinite(allocated)
+        fresh = fresh and (deserved is None or math.isfinite(deserved))
         queues.append(
             dataclasses.replace(
                 queue,
                 allocated_gpus=allocated,
+                deserved_gpus=deserved,
                 demand_history=sample.queue_demand_history.get(queue.name, queue.demand_history),
             )
         )

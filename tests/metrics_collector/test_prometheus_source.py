@@ -122,6 +122,9 @@ def test_the_sample_field_by_field(prometheus_factory: PrometheusFactory) -> Non
     assert sample.cluster_free_gpus == pytest.approx(32 - 8 - 1 - 4)
     assert sample.queue_allocated_gpus == {QueueName("research"): 5.0,
                                            QueueName("production"): 8.0}  # fmt: skip
+    # The deserved shares Volcano's scheduler computed, which no Queue spec carries.
+    assert sample.queue_deserved_gpus == {QueueName("research"): 8.0,
+                                          QueueName("production"): 24.0}  # fmt: skip
     assert prom.last_report.queues[QueueName("production")] == QueueFigures(
         allocated_gpus=8.0, request_gpus=24.0, deserved_gpus=24.0
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -434,19 +435,35 @@ def test_joining_metrics_keeps_every_other_field_of_the_job():
     assert job.with_metrics(history, 3.0, statistics).batch_statistics == statistics
 
 
-def test_non_finite_queue_figures_hold_every_job():
+@pytest.mark.parametrize("figure", ["queue_allocated_gpus", "queue_deserved_gpus"])
+def test_non_finite_queue_figures_hold_every_job(figure):
     cluster = FakeCluster(make_observation(make_job("a", current=2), free=4))
     real_sample = cluster.sample
 
     def sample(*, now_s):
-        return dataclasses.replace(
-            real_sample(now_s=now_s), queue_allocated_gpus={QueueName("q"): float("nan")}
-        )
+        return dataclasses.replace(real_sample(now_s=now_s), **{figure: {QueueName("q"): math.nan}})
 
     cluster.sample = sample  # type: ignore[method-assign]
     result = run(cluster, make_policy())
     assert not result.observation.metrics_fresh
     assert [d.reason for d in result.decisions] == [Reason.HOLD_METRICS_STALE]
+
+
+def test_the_schedulers_deserved_share_comes_before_the_queues_spec():
+    # FakeCluster's queue "q" has no ``spec.deserved`` (None), as under the proportion plugin.
+    cluster = FakeCluster(make_observation(make_job("a", current=2), free=4))
+    assert [q.deserved_gpus for q in cluster.list_queues()] == [None]
+    real_sample = cluster.sample
+
+    def sample(*, now_s):
+        return dataclasses.replace(
+            real_sample(now_s=now_s), queue_deserved_gpus={QueueName("q"): 6.0}
+        )
+
+    cluster.sample = sample  # type: ignore[method-assign]
+    observation = observe(metrics=cluster, cluster=cluster, now_s=NOW_S)
+    assert [q.deserved_gpus for q in observation.queues] == [6.0]
+    assert observation.metrics_fresh
 
 
 class Releasing(FakeCluster):
