@@ -22,10 +22,10 @@ Remaining work reaches tide's engine only for the jobs that declare their planne
 Pollux job, half the built-in workload's, none of ITP's); ``--no-declared-work`` hides it from
 every job. ``optimus`` is the oracle (handed every job's true scaling curve and remaining work)
 and is labelled so. The issue's table judges, per case, whether tide beat each of static,
-threshold, hpa and tiresias on **every** seed, its median against optimus (oracle)'s, its p99 JCT
-and makespan against static's on every seed, its non-elastic p95 queueing against threshold's,
-and counts each policy's abrupt kills. A last table sets tide's Pollux 1-4 averages beside the
-per-workload averages Pollux's paper publishes (1x, hours).
+threshold, hpa and tiresias on **every** seed, its median against optimus (oracle)'s, its p99 JCT,
+longest job and makespan against static's on every seed, its non-elastic p95 queueing against
+threshold's, and counts each policy's abrupt kills. A last table sets tide's Pollux 1-4
+averages beside the per-workload averages Pollux's paper publishes (1x, hours).
 """
 
 from __future__ import annotations
@@ -267,10 +267,13 @@ def _issue_table(
     """The issue's targets per case, judged on every seed, not the median: tide's average JCT
     below each of static, threshold, hpa and tiresias; its median no higher than optimus
     (oracle)'s; its p99 JCT and makespan no higher than static's; its non-elastic p95 queueing
-    no higher than threshold's; and each policy's abrupt kills (summed over seeds)."""
+    no higher than threshold's; and each policy's abrupt kills (summed over seeds). Beside the
+    p99, whether tide's longest job ends no later than static's: with 57-160 jobs a run's p99
+    lies between its two or three longest jobs, so it can rise when a policy evens them out."""
     table = Table(title="issue 17 targets: every seed (won/seeds), remaining work as declared")
     columns = ("case", "known", *(f"< {b}" for b in BEATEN), "median / optimus (oracle)",
-               "p99 <= static", "makespan <= static", "rigid p95 <= threshold",
+               "p99 <= static", "longest <= static", "makespan <= static",
+               "rigid p95 <= threshold",
                f"kills ({'/'.join(POLICIES)})")  # fmt: skip
     for col in columns:
         table.add_column(col, justify="right")
@@ -282,6 +285,7 @@ def _issue_table(
         tide_median = statistics.median(s.avg_jct_h for s in by_policy["tide"])
         optimus_median = statistics.median(s.avg_jct_h for s in by_policy["optimus"])
         p99 = _every_seed(by_policy, "p99_jct_h", "static", strict=False)
+        longest = _every_seed(by_policy, "max_jct_h", "static", strict=False)
         makespan = _every_seed(by_policy, "makespan_h", "static", strict=False)
         rigid = [
             (t.p95_queue_nonelastic_h <= h.p95_queue_nonelastic_h + 1e-9)
@@ -295,6 +299,7 @@ def _issue_table(
             *(f"{w}/{n}" for w, n in beat.values()),
             f"{tide_median / optimus_median:.2f}",
             f"{p99[0]}/{p99[1]}",
+            f"{longest[0]}/{longest[1]}",
             f"{makespan[0]}/{makespan[1]}",
             f"{sum(rigid)}/{len(rigid)}" if rigid else "-",
             "/".join(str(kills.get(p, 0)) for p in POLICIES),
@@ -306,6 +311,7 @@ def _issue_table(
             "seeds": len(by_policy["tide"]),
             "tide_median_vs_optimus_oracle": round(tide_median / optimus_median, 4),
             "p99_le_static_seeds": p99[0],
+            "longest_le_static_seeds": longest[0],
             "makespan_le_static_seeds": makespan[0],
             "nonelastic_p95_queue_le_threshold_seeds": sum(rigid) if rigid else None,
             "kills_by_policy": kills,
@@ -424,6 +430,7 @@ def main() -> None:
             {"metric": "avg_jct", "value": round(s.avg_jct_h, 4), "unit": "h", **params},
             {"metric": "p95_jct", "value": round(s.p95_jct_h, 4), "unit": "h", **params},
             {"metric": "p99_jct", "value": round(s.p99_jct_h, 4), "unit": "h", **params},
+            {"metric": "max_jct", "value": round(s.max_jct_h, 4), "unit": "h", **params},
             {"metric": "makespan", "value": round(s.makespan_h, 4), "unit": "h", **params},
             {"metric": "abrupt_kills", "value": s.kills, "unit": "count", **params},
             {"metric": "gpu_hours_lost", "value": round(lost, 3), "unit": "gpu_hours", **params},

@@ -53,6 +53,9 @@ class Summary:
         jobs: jobs in the workload.
         finished: jobs that finished.
         avg_jct_h / median_jct_h / p95_jct_h / p99_jct_h: job completion time (submit to end).
+        max_jct_h: the longest job's completion time. With fewer than a few hundred jobs the
+            p99 is interpolated between the two or three longest, so a policy that evens out
+            its longest jobs can show a higher p99 than one that leaves one far behind.
         avg_queue_h / p95_queue_h: queueing delay (submit to first start), all jobs.
         p95_queue_nonelastic_h / avg_queue_nonelastic_h: the same for non-elastic jobs only.
         queue_delay_by_queue_h: average queueing delay per queue.
@@ -91,6 +94,7 @@ class Summary:
     median_jct_h: float
     p95_jct_h: float
     p99_jct_h: float
+    max_jct_h: float
     avg_queue_h: float
     p95_queue_h: float
     avg_queue_nonelastic_h: float
@@ -167,6 +171,7 @@ def summarize(result: SimResult) -> Summary:
         median_jct_h=_stat(jct, "median"),
         p95_jct_h=_stat(jct, "p95"),
         p99_jct_h=_stat(jct, "p99"),
+        max_jct_h=max(jct, default=math.nan),
         avg_queue_h=_stat(queued, "mean"),
         p95_queue_h=_stat(queued, "p95"),
         avg_queue_nonelastic_h=_stat(nonelastic, "mean"),
