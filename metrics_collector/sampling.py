@@ -282,6 +282,7 @@ class SampleBuilder:
                 work.job_problem(job, f"metrics of {job}: Prometheus unreachable")
         allocated = {q: f.allocated_gpus for q, f in queues.items() if f.allocated_gpus is not None}
         deserved = {q: f.deserved_gpus for q, f in queues.items() if f.deserved_gpus is not None}
+        request = {q: f.request_gpus for q, f in queues.items() if f.request_gpus is not None}
         self.last_report = SampleReport(
             problems=tuple(work.problems),
             stale_series=work.stale_series,
@@ -302,6 +303,7 @@ class SampleBuilder:
             job_remaining_samples=remaining,
             queue_allocated_gpus=allocated,
             queue_deserved_gpus=deserved,
+            queue_request_gpus=request,
             queue_demand_history={q: tuple(points) for q, points in self._demand.items()},
             job_batch_statistics=batch,
         )

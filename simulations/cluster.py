@@ -232,6 +232,8 @@ class SimulatedCluster(ClusterCore):
                 guarantee_gpus=q.guarantee_gpus,
                 allocated_gpus=allocated[q.name],
                 pending_nonelastic_gpus=pending[q.name],
+                weight=float(q.weight),
+                request_gpus=request[q.name],
             )
             for q in self.spec.queues
         ]

@@ -39,6 +39,7 @@ import json
 import math
 from collections.abc import Callable
 
+from scheduler_policy.decision.shares import water_fill
 from scheduler_policy.extender import EvictionRequest, Extender, Task
 from scheduler_policy.vocabulary.state import QueueName
 from simulations.core import ClusterCore
@@ -75,25 +76,14 @@ def queue_usage(core: ClusterCore) -> tuple[dict[QueueName, float], dict[QueueNa
 def deserved_shares(
     core: ClusterCore, request: dict[QueueName, float], capability: dict[QueueName, float]
 ) -> dict[QueueName, float]:
-    """The proportion plugin's deserved share of every queue (water-filling by weight)."""
-    ceiling = {q.name: min(capability[q.name], request[q.name]) for q in core.spec.queues}
-    deserved = {q.name: min(q.guarantee_gpus, ceiling[q.name]) for q in core.spec.queues}
-    remaining = core.nodes.healthy_gpus - sum(deserved.values())
-    weights = {q.name: q.weight for q in core.spec.queues}
-    while remaining > _EPS:
-        hungry = [n for n in deserved if deserved[n] < ceiling[n] - _EPS]
-        if not hungry:
-            break
-        total_weight = sum(weights[n] for n in hungry)
-        given = 0.0
-        for name in hungry:
-            step = min(remaining * weights[name] / total_weight, ceiling[name] - deserved[name])
-            deserved[name] += step
-            given += step
-        remaining -= given
-        if given <= _EPS:
-            break
-    return deserved
+    """The proportion plugin's deserved share of every queue (water-filling by weight, as the
+    engine computes it: ``scheduler_policy.decision.shares.water_fill``)."""
+    return water_fill(
+        total_gpus=float(core.nodes.healthy_gpus),
+        ceilings={q.name: min(capability[q.name], request[q.name]) for q in core.spec.queues},
+        guarantees={q.name: q.guarantee_gpus for q in core.spec.queues},
+        weights={q.name: float(q.weight) for q in core.spec.queues},
+    )
 
 
 def _enqueue(core: ClusterCore, capability: dict[QueueName, float], order: JobOrder) -> None:

@@ -63,7 +63,7 @@ from scheduler_policy.vocabulary.state import (
 _TOP = ("time", "clusterGpus", "clusterFreeGpus", "metricsFresh", "queues", "jobs")
 _QUEUE = (
     "name", "capabilityGpus", "deservedGpus", "guaranteeGpus", "allocatedGpus",
-    "pendingNonelasticGpus",
+    "pendingNonelasticGpus", "weight", "requestGpus",
 )  # fmt: skip
 _JOB = (
     "key", "queue", "gpusPerReplica", "minReplicas", "maxReplicas", "currentReplicas",
@@ -124,6 +124,8 @@ def _queue(value: object, path: str, problems: list[str]) -> QueueState | None:
         guarantee_gpus=q.get("guaranteeGpus", 0.0, non_negative),
         allocated_gpus=q.get("allocatedGpus", 0.0, non_negative),
         pending_nonelastic_gpus=q.get("pendingNonelasticGpus", 0.0, non_negative),
+        weight=q.get("weight", 1.0, non_negative),
+        request_gpus=q.get("requestGpus", None, optional_non_negative),
     )
 
 

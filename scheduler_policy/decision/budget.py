@@ -32,6 +32,7 @@ from scheduler_policy.decision.pending import (
     sorted_needs,
     yields,
 )
+from scheduler_policy.decision.shares import shares_if_asking
 from scheduler_policy.policy.spec import ElasticPolicy, QueuePolicy
 from scheduler_policy.vocabulary.state import (
     GPU_EPSILON,
@@ -81,8 +82,12 @@ class QueueBudget:
         return Reason.SHRINK_OVER_BUDGET
 
 
-def _share_gpus(queue: QueueState) -> float:
-    """The queue's deserved share; its capability when no share is set; unlimited when neither."""
+def _share_gpus(queue: QueueState, shares: Mapping[QueueName, float]) -> float:
+    """The queue's deserved share (``shares`` first: what it would deserve asking for its
+    capability, see ``_Tally.shares``); its capability when no share is set; unlimited when
+    neither."""
+    if queue.name in shares:
+        return max(shares[queue.name], queue.deserved_gpus or 0.0)
     if queue.deserved_gpus is not None:
         return queue.deserved_gpus
     if queue.capability_gpus is not None:
@@ -113,6 +118,10 @@ class _Tally:
         short: whether pending work needs more than ``idle_gpus``.
         needs: every pending need, smallest first, and the queue of each (empty unless a
             borrowing queue may give back).
+        shares: per queue that may not borrow and is given all it requests (its deserved
+            share as the scheduler reports it is what it requests: the proportion plugin caps
+            it there), the share it would deserve asking for its capability
+            (``shares_if_asking``): its budget's limit, so that it can grow within its share.
     """
 
     managed: tuple[tuple[QueueState, QueuePolicy], ...]
@@ -127,6 +136,7 @@ class _Tally:
     short: bool
     needs: tuple[npt.NDArray[np.float64], npt.NDArray[np.object_]]
     forecast_reasons: Mapping[QueueName, str]
+    shares: Mapping[QueueName, float]
 
 
 def _tally(
@@ -190,6 +200,14 @@ def _tally(
             floor = max(queue.guarantee_gpus, held_q + elastic_min.get(queue.name, 0.0))
             spares[queue.name] = used[queue.name] - floor
     short = short_of_idle(observation, pending)
+    capped = [
+        queue.name
+        for queue, queue_policy in managed
+        if not queue_policy.borrow
+        and queue.deserved_gpus is not None
+        and queue.request_gpus is not None
+        and queue.deserved_gpus >= queue.request_gpus - GPU_EPSILON
+    ]
     needs = sorted_needs(pending_needs(observation, pending) if spares and short else {})
     return _Tally(
         managed=managed,
@@ -206,6 +224,7 @@ def _tally(
         short=short,
         needs=needs,
         forecast_reasons=forecast_reasons,
+        shares=shares_if_asking(observation, capped),
     )
 
 
@@ -259,7 +278,7 @@ def _queue_budgets(
                 limit = min(limit, tally.used[queue.name] - give)
                 claimed += give
         else:
-            limit = min(_capability_gpus(queue), _share_gpus(queue))
+            limit = min(_capability_gpus(queue), _share_gpus(queue, tally.shares))
         # The forecast is the peak the queue's non-elastic work will request in all; what it
         # holds and what is pending are already set aside.
         forecast = tally.forecast_gpus.get(queue.name, 0.0)

@@ -81,13 +81,15 @@ def observe(*, metrics: MetricsSource, cluster: ClusterClient, now_s: float) -> 
         # the weights and what each queue requests; a Queue's spec has no such field (only
         # the capacity plugin's ``spec.deserved``), so the scheduler's figure comes first.
         deserved = sample.queue_deserved_gpus.get(queue.name, queue.deserved_gpus)
+        request = sample.queue_request_gpus.get(queue.name, queue.request_gpus)
         fresh = fresh and math.isfinite(allocated)
-        fresh = fresh and (deserved is None or math.isfinite(deserved))
+        fresh = fresh and all(x is None or math.isfinite(x) for x in (deserved, request))
         queues.append(
             dataclasses.replace(
                 queue,
                 allocated_gpus=allocated,
                 deserved_gpus=deserved,
+                request_gpus=request,
                 demand_history=sample.queue_demand_history.get(queue.name, queue.demand_history),
             )
         )

@@ -41,6 +41,8 @@ class MetricsSample:
         queue_allocated_gpus: GPUs each queue's pods hold (overrides the cluster's figure).
         queue_deserved_gpus: each queue's deserved share as Volcano's scheduler computes it
             (its proportion or capacity plugin; overrides the Queue's ``spec.deserved``).
+        queue_request_gpus: GPUs each queue's jobs request in all, as Volcano's scheduler
+            counts them.
         queue_demand_history: past GPU demand of each queue's non-elastic work, oldest first.
         releasing_gpus: GPUs held by terminating pods, which come free shortly.
         job_batch_statistics: what each adaptive-batch job's workers report.
@@ -53,6 +55,7 @@ class MetricsSample:
     job_remaining_samples: Mapping[JobKey, float] = field(default_factory=dict)
     queue_allocated_gpus: Mapping[QueueName, float] = field(default_factory=dict)
     queue_deserved_gpus: Mapping[QueueName, float] = field(default_factory=dict)
+    queue_request_gpus: Mapping[QueueName, float] = field(default_factory=dict)
     queue_demand_history: Mapping[QueueName, tuple[DemandPoint, ...]] = field(default_factory=dict)
     releasing_gpus: float = 0.0
     job_batch_statistics: Mapping[JobKey, BatchStatistics] = field(default_factory=dict)

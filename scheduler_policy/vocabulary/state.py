@@ -150,10 +150,14 @@ class QueueState:
         name: the queue's name.
         capability_gpus: ``spec.capability`` GPUs, the hard ceiling; None when unset (no ceiling).
         deserved_gpus: the queue's deserved share; None when unset (then capability bounds it).
+            Volcano's proportion plugin caps it at what the queue requests.
         guarantee_gpus: GPUs reserved for the queue (``spec.guarantee``).
         allocated_gpus: GPUs the queue's pods hold now.
         pending_nonelastic_gpus: GPUs requested by the queue's pending non-elastic work.
         demand_history: past GPU demand of the queue's non-elastic work, oldest first.
+        weight: ``spec.weight``, the queue's part of the cluster under the proportion plugin.
+        request_gpus: GPUs the queue's jobs request in all, running and waiting, as Volcano's
+            scheduler counts them; None when not known.
     """
 
     name: QueueName
@@ -163,6 +167,8 @@ class QueueState:
     allocated_gpus: float
     pending_nonelastic_gpus: float
     demand_history: tuple[DemandPoint, ...] = ()
+    weight: float = 1.0
+    request_gpus: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

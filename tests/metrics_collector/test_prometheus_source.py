@@ -125,6 +125,8 @@ def test_the_sample_field_by_field(prometheus_factory: PrometheusFactory) -> Non
     # The deserved shares Volcano's scheduler computed, which no Queue spec carries.
     assert sample.queue_deserved_gpus == {QueueName("research"): 8.0,
                                           QueueName("production"): 24.0}  # fmt: skip
+    assert sample.queue_request_gpus == {QueueName("research"): 5.0,
+                                         QueueName("production"): 24.0}  # fmt: skip
     assert prom.last_report.queues[QueueName("production")] == QueueFigures(
         allocated_gpus=8.0, request_gpus=24.0, deserved_gpus=24.0
     )

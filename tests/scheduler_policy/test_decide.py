@@ -611,3 +611,64 @@ def test_the_rate_limit_yields_to_reclaim_only_where_the_budget_cannot_be_met(ot
     observation = _reclaim_pressure(x, *others, pending=4)
     found = targets(observation, make_policy("r", "p", borrow=True, max_step_down=2))
     assert found == expected
+
+
+def test_observation_file_reads_a_queues_weight_and_request(tmp_path):
+    path = tmp_path / "obs.yaml"
+    path.write_text(
+        "time: 0\nqueues: [{name: q, weight: 2, requestGpus: 6}, {name: r}]\njobs: []\n"
+    )
+    q, r = load_observation(path).queues
+    assert (q.weight, q.request_gpus, r.weight, r.request_gpus) == (2.0, 6.0, 1.0, None)
+
+
+def test_observation_file_refuses_a_negative_weight(tmp_path):
+    path = tmp_path / "obs.yaml"
+    path.write_text("time: 0\nqueues: [{name: q, weight: -1}]\njobs: []\n")
+    with pytest.raises(ObservationError, match=r"queues\[0\]\.weight"):
+        load_observation(path)
+
+
+def _asking(request_research: float, request_prod: float, deserved_research: float):
+    """research (weight 2, does not borrow) and prod (weight 1) on 12 GPUs, research's job at 2
+    of its 12 replicas, 8 GPUs idle: what the share scenarios below share."""
+    return make_observation(
+        make_job(
+            "a", queue="research", current=2, max_replicas=12, sigma=0.0, sizes=(1, 2, 4, 8, 12)
+        ),
+        queues=(
+            dataclasses.replace(
+                make_queue("research", capability=None, deserved=deserved_research),
+                allocated_gpus=2.0,
+                weight=2.0,
+                request_gpus=request_research,
+            ),
+            dataclasses.replace(
+                make_queue("prod", capability=None, deserved=2.0),
+                allocated_gpus=2.0,
+                weight=1.0,
+                request_gpus=request_prod,
+            ),
+        ),
+        free=8,
+    )
+
+
+SHARES = {
+    # The scheduler's share is all research asks (2 GPUs): asking for more, it would deserve 2/3
+    # of the 12 GPUs and what prod, asking for 2, leaves: 10, and the job grows to 10.
+    "given-all-it-asks-grows-within-the-share-it-would-deserve": ((2.0, 2.0, 2.0), 10),
+    # prod asks for 9: by weight research deserves 8 of the 12 if it asks for them.
+    "the-weights-bound-the-share": ((2.0, 9.0, 2.0), 8),
+    # research asks for more than it is given: the scheduler's share (3) binds.
+    "share-limited-by-the-scheduler": ((6.0, 9.0, 3.0), 3),
+    # No request known (an older Volcano, or no Prometheus): the scheduler's share stands.
+    "request-unknown-the-scheduler-share-stands": ((None, None, 2.0), 2),
+}
+
+
+@pytest.mark.parametrize(("figures", "target"), SHARES.values(), ids=SHARES.keys())
+def test_a_queue_that_does_not_borrow_grows_within_its_share(figures, target):
+    observation = _asking(*figures)
+    found = targets(observation, make_policy("research", "prod", borrow=False))
+    assert found["a"][0] == target

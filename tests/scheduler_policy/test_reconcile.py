@@ -435,7 +435,9 @@ def test_joining_metrics_keeps_every_other_field_of_the_job():
     assert job.with_metrics(history, 3.0, statistics).batch_statistics == statistics
 
 
-@pytest.mark.parametrize("figure", ["queue_allocated_gpus", "queue_deserved_gpus"])
+@pytest.mark.parametrize(
+    "figure", ["queue_allocated_gpus", "queue_deserved_gpus", "queue_request_gpus"]
+)
 def test_non_finite_queue_figures_hold_every_job(figure):
     cluster = FakeCluster(make_observation(make_job("a", current=2), free=4))
     real_sample = cluster.sample
@@ -449,20 +451,22 @@ def test_non_finite_queue_figures_hold_every_job(figure):
     assert [d.reason for d in result.decisions] == [Reason.HOLD_METRICS_STALE]
 
 
-def test_the_schedulers_deserved_share_comes_before_the_queues_spec():
+def test_the_schedulers_deserved_share_and_request_come_before_the_queues_spec():
     # FakeCluster's queue "q" has no ``spec.deserved`` (None), as under the proportion plugin.
     cluster = FakeCluster(make_observation(make_job("a", current=2), free=4))
-    assert [q.deserved_gpus for q in cluster.list_queues()] == [None]
+    assert [(q.deserved_gpus, q.request_gpus) for q in cluster.list_queues()] == [(None, None)]
     real_sample = cluster.sample
 
     def sample(*, now_s):
         return dataclasses.replace(
-            real_sample(now_s=now_s), queue_deserved_gpus={QueueName("q"): 6.0}
+            real_sample(now_s=now_s),
+            queue_deserved_gpus={QueueName("q"): 6.0},
+            queue_request_gpus={QueueName("q"): 2.0},
         )
 
     cluster.sample = sample  # type: ignore[method-assign]
     observation = observe(metrics=cluster, cluster=cluster, now_s=NOW_S)
-    assert [q.deserved_gpus for q in observation.queues] == [6.0]
+    assert [(q.deserved_gpus, q.request_gpus) for q in observation.queues] == [(6.0, 2.0)]
     assert observation.metrics_fresh
 
 

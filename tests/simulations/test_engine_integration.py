@@ -41,6 +41,20 @@ def test_tide_grows_into_idle_gpus_and_memory_is_stored() -> None:
     assert again.applied == ()  # reconciling twice on the same cluster writes nothing
 
 
+def test_a_queue_that_does_not_borrow_grows_within_its_share() -> None:
+    # Volcano's proportion plugin gives a queue no more than it requests, so a queue that may
+    # not borrow grows past what its jobs ask only with the share it would deserve asking for
+    # more: here the whole node, the only queue.
+    sim = make_sim([make_job("x", replicas=1, min_r=1, max_r=4, work=1e7)], nodes=1)
+    run_session(sim)
+    (queue,) = sim.list_queues()
+    assert (queue.deserved_gpus, queue.request_gpus, queue.weight) == (1.0, 1.0, 1.0)
+    sim.advance(600.0)
+    policy = ElasticPolicy(queues=(QueuePolicy(QueueName("a"), borrow=False),))
+    result = reconcile(metrics=sim, cluster=sim, policy=policy, now_s=600.0, models=ModelCache())
+    assert [(c.from_replicas, c.to_replicas) for c in result.applied] == [(1, 4)]
+
+
 def test_stale_metrics_hold() -> None:
     from simulations.cluster import MetricsOptions, SimulatedCluster
     from simulations.workload import Workload

@@ -221,6 +221,7 @@ def read_queue(obj: object, *, pending_gpus: float = 0.0) -> QueueState | ReadPr
         guarantee_gpus=guarantee or 0.0,
         allocated_gpus=allocated or 0.0,
         pending_nonelastic_gpus=pending_gpus,
+        weight=float(weight) if weight is not None else 1.0,  # Volcano's default weight
     )
 
 

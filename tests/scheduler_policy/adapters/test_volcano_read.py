@@ -85,7 +85,7 @@ QUEUES = {
     ),
     "production-has-no-gpus-allocated": (
         "production", [], 0.0,
-        QueueState(QueueName("production"), None, None, 0.0, 0.0, 0.0),
+        QueueState(QueueName("production"), None, None, 0.0, 0.0, 0.0, weight=3.0),
     ),
     "default-empty-guarantee": (
         "default", [], 0.0, QueueState(QueueName("default"), None, None, 0.0, 0.0, 0.0),
@@ -106,7 +106,12 @@ QUEUES = {
         QueueState(QueueName("research"), None, None, 0.0, 28.0, 0.0),
     ),
     "pending-gangs-from-the-client": (
-        "production", [], 24.0, QueueState(QueueName("production"), None, None, 0.0, 0.0, 24.0),
+        "production", [], 24.0,
+        QueueState(QueueName("production"), None, None, 0.0, 0.0, 24.0, weight=3.0),
+    ),
+    "weight-the-proportion-plugin-shares-by": (
+        "research", [with_spec(weight=3)], 0.0,
+        QueueState(QueueName("research"), None, None, 0.0, 5.0, 0.0, weight=3.0),
     ),
 }  # fmt: skip
 
