@@ -70,11 +70,11 @@ def shares_if_asking(
 
     Args:
         observation: the cluster now; its queues' requests, weights and guarantees.
-        names: the queues to size (those that may not borrow).
+        names: the queues to size (those that may not borrow), each one of the observation's.
 
     Returns:
-        One share per queue of ``names`` present in the observation; none at all when a
-        queue's request is not known (the scheduler's own shares then stand).
+        One share per queue of ``names``; none at all when a queue's request is not known (the
+        scheduler's own shares then stand).
     """
     queues: Sequence[QueueState] = observation.queues
     if not names or any(q.request_gpus is None for q in queues):
@@ -89,8 +89,7 @@ def shares_if_asking(
             asked = total if q.name == name else (q.request_gpus or 0.0)
             capability = total if q.capability_gpus is None else q.capability_gpus
             ceilings[q.name] = min(capability, asked)
-        if name in ceilings:
-            shares[name] = water_fill(
-                total_gpus=total, ceilings=ceilings, guarantees=guarantees, weights=weights
-            )[name]
+        shares[name] = water_fill(
+            total_gpus=total, ceilings=ceilings, guarantees=guarantees, weights=weights
+        )[name]
     return shares
