@@ -4,7 +4,11 @@ Each case builds one observation (100 queues, elastic jobs of about 2 GPUs each,
 sizes, with a steady-state memory of recent recommendations), warms the model cache (a steady
 state refits nothing), then times ``decide`` — triage, budgets, allocation, stabilization and the
 changes, with their explanations (rendered only when read) — over many runs. Prints a table;
-``--json PATH`` writes the records.
+``--json PATH`` writes the records. Beside each size's median, what Python's cyclic garbage
+collector took inside the timed runs (the mean per run, and how many collections of each
+generation a run set off): part of the time goes there, not to decide's own work. Each size runs
+twice: with the interpreter's default collector, and with the observation frozen out of the
+collector's reach (``gc.freeze``, what a long-running engine can do once per observation).
 
 It also times the phases around it: ``observe``, joining the jobs as the cluster lists them (no
 throughput) with the metrics source's throughput histories and remaining samples; the fit phase
@@ -201,10 +205,15 @@ def measure(jobs: int, queues: int, runs: int, *, gc_freeze: bool) -> dict[str, 
         gc.collect()
         gc.freeze()
     samples_ms = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        decide(observation, policy, fits=fits)
-        samples_ms.append((time.perf_counter() - start) * 1000.0)
+    collector = _Collections()
+    gc.callbacks.append(collector)
+    try:
+        for _ in range(runs):
+            start = time.perf_counter()
+            decide(observation, policy, fits=fits)
+            samples_ms.append((time.perf_counter() - start) * 1000.0)
+    finally:
+        gc.callbacks.remove(collector)
     if gc_freeze:
         gc.unfreeze()
     samples_ms.sort()
@@ -212,7 +221,28 @@ def measure(jobs: int, queues: int, runs: int, *, gc_freeze: bool) -> dict[str, 
         "median": statistics.median(samples_ms),
         "p99": samples_ms[min(len(samples_ms) - 1, round(0.99 * (len(samples_ms) - 1)))],
         "runs": float(runs),
+        # What the cyclic collector took inside the timed runs, per run: where the time goes
+        # besides decide's own work (decide does not touch the collector).
+        "gc_ms": collector.seconds * 1000.0 / runs,
+        **{f"gen{g}_per_run": n / runs for g, n in enumerate(collector.counts)},
     }
+
+
+class _Collections:
+    """A ``gc.callbacks`` entry that counts the collections of each generation and sums
+    their time."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.counts[info["generation"]] += 1
+        self.seconds += time.perf_counter() - self._started
 
 
 def profile(jobs: int, queues: int, runs: int, *, top: int = 25) -> None:
@@ -245,7 +275,8 @@ def main() -> None:
         f"decide, {args.queues} queues, {args.runs} runs per size, "
         f"{os.cpu_count()} cores, Python {platform.python_version()}"
     )
-    print(f"{'jobs':>8} {'gc':>8} {'median ms':>10} {'p99 ms':>10}")
+    head = f"{'jobs':>8} {'gc':>8} {'median ms':>10} {'p99 ms':>10} {'in gc ms/run':>13}"
+    print(f"{head}  collections/run (gen 0/1/2)")
     sizes = [int(s) for s in args.sizes.split(",")]
     common = {"queues": args.queues, "runs": args.runs}
     for size in sizes:
@@ -254,7 +285,11 @@ def main() -> None:
             gc_mode = "frozen" if frozen else "default"
             if not frozen:
                 results[size] = result
-            print(f"{size:>8} {gc_mode:>8} {result['median']:>10.2f} {result['p99']:>10.2f}")
+            per_gen = "/".join(f"{result[f'gen{g}_per_run']:.2f}" for g in range(3))
+            print(
+                f"{size:>8} {gc_mode:>8} {result['median']:>10.2f} {result['p99']:>10.2f} "
+                f"{result['gc_ms']:>13.2f}  {per_gen}"
+            )
             for stat in ("median", "p99"):
                 records.append(
                     {
@@ -266,6 +301,17 @@ def main() -> None:
                         "gc": gc_mode,
                     }
                 )
+            records.append(
+                {
+                    "metric": "decide_gc_ms_per_run",
+                    "value": round(result["gc_ms"], 3),
+                    "unit": "ms",
+                    "jobs": size,
+                    **common,
+                    "gc": gc_mode,
+                    "collections_per_run": [round(result[f"gen{g}_per_run"], 3) for g in range(3)],
+                }
+            )
     for name, phase in (("observe", measure_observe), ("fit", measure_fit)):
         print(f"{name}, {args.runs} runs per size")
         print(f"{'jobs':>8} {'median ms':>10}")
