@@ -82,14 +82,14 @@ def shares_if_asking(
     total = cluster_gpus(observation)
     guarantees = {q.name: q.guarantee_gpus for q in queues}
     weights = {q.name: q.weight for q in queues}
-    shares: dict[QueueName, float] = {}
-    for name in names:
-        ceilings: dict[QueueName, float] = {}
-        for q in queues:
-            asked = total if q.name == name else (q.request_gpus or 0.0)
-            capability = total if q.capability_gpus is None else q.capability_gpus
-            ceilings[q.name] = min(capability, asked)
-        shares[name] = water_fill(
-            total_gpus=total, ceilings=ceilings, guarantees=guarantees, weights=weights
+    capability = {q.name: total if q.capability_gpus is None else q.capability_gpus for q in queues}
+    asking = {q.name: min(capability[q.name], q.request_gpus or 0.0) for q in queues}
+    return {
+        name: water_fill(
+            total_gpus=total,
+            ceilings={**asking, name: min(capability[name], total)},
+            guarantees=guarantees,
+            weights=weights,
         )[name]
-    return shares
+        for name in names
+    }
